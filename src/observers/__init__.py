@@ -1,0 +1,34 @@
+"""observers: non-invasive observability for PyTorch training on OpenTelemetry.
+
+Zero code: ``opentelemetry-instrument python train.py``. In code::
+
+    from observers import observe, Observation, compare_experiments, visualize
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from observers.config import ConfigError, ObserversConfig
+from observers.version import __version__
+
+__all__ = ["ConfigError", "Observation", "ObserversConfig", "TorchInstrumentor",
+           "__version__", "compare_experiments", "observe", "visualize"]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: importing observers must not import torch (the instrumentor entry point is
+    # loaded for every instrumented process, torch-using or not).
+    if name in ("Observation", "observe"):
+        from observers import api
+        return getattr(api, name)
+    if name == "TorchInstrumentor":
+        from observers.instrumentation import TorchInstrumentor
+        return TorchInstrumentor
+    if name == "visualize":
+        from observers.present import visualize
+        return visualize
+    if name == "compare_experiments":
+        from observers.present.compare import compare_experiments
+        return compare_experiments
+    raise AttributeError(f"module 'observers' has no attribute {name!r}")

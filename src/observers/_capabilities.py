@@ -1,0 +1,5 @@
+"""Imports the capability modules so that they register their run components.
+
+Each capability (layer statistics, GPU/system sampling, alerts, Hub upload...) appends a
+factory to :data:`observers.run.COMPONENT_FACTORIES` when imported.
+"""

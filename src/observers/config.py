@@ -1,0 +1,178 @@
+"""One configuration object for both paths: ``OBSERVERS_*`` env vars and ``Observation`` kwargs.
+
+Keyword arguments override environment variables, which override the defaults. Every
+value is validated here, once, and a bad one raises :class:`ConfigError` naming the
+setting, before any hook is installed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from observers import environment_variables as env
+
+
+class ConfigError(ValueError):
+    """A setting has a value observers cannot use; the message names the setting."""
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def _parse_bool(name: str, raw: Any) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    text = str(raw).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ConfigError(f"{name} must be a boolean (1/0, true/false), got {raw!r}")
+
+
+def _parse_interval(name: str, raw: Any) -> int:
+    try:
+        value = int(str(raw).strip()) if not isinstance(raw, int) or isinstance(raw, bool) else raw
+    except ValueError:
+        raise ConfigError(f"{name} must be a positive integer, got {raw!r}") from None
+    if isinstance(value, bool) or value < 1:
+        raise ConfigError(f"{name} must be a positive integer, got {raw!r}")
+    return value
+
+
+def _parse_metrics(name: str, raw: Any) -> tuple[str, ...] | None:
+    if raw is None:
+        return None
+    items = [s.strip() for s in raw.split(",")] if isinstance(raw, str) else list(raw)
+    if not all(isinstance(s, str) for s in items):
+        raise ConfigError(f"{name} must be a list of metric names, got {raw!r}")
+    items = [s for s in items if s]
+    if not items or items == ["all"] or items == ["*"]:
+        return None
+    return tuple(items)
+
+
+def _parse_rules(name: str, raw: Any) -> dict[str, Any]:
+    if raw is None or raw == "":
+        return {}
+    if isinstance(raw, Mapping):
+        return dict(raw)
+    text = str(raw).strip()
+    if not text.startswith("{"):
+        path = Path(text)
+        if not path.is_file():
+            raise ConfigError(f"{name} is neither JSON nor the path of a file: {raw!r}")
+        text = path.read_text()
+        if path.suffix in (".yaml", ".yml"):
+            import yaml
+
+            try:
+                data = yaml.safe_load(text)
+            except yaml.YAMLError as exc:
+                raise ConfigError(f"{name}: {path} is not valid YAML: {exc}") from None
+            if not isinstance(data, dict):
+                raise ConfigError(f"{name}: {path} must hold a mapping of rules")
+            return data
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"{name} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{name} must be a JSON object of rules, got {type(data).__name__}")
+    return data
+
+
+def default_dataset_name() -> str:
+    """The training script's file stem, like wandb/mlflow name runs after the script."""
+    argv0 = sys.argv[0] if sys.argv and sys.argv[0] else ""
+    stem = Path(argv0).stem
+    if not stem or stem in ("-c", "-m", "python", "ipykernel_launcher", "pytest"):
+        return "observers-run"
+    return stem
+
+
+@dataclass(frozen=True)
+class ObserversConfig:
+    """Validated settings of one observed run (see DESIGN "Configuration")."""
+
+    dataset_name: str = field(default_factory=default_dataset_name)
+    local_dir: Path = field(default_factory=lambda: Path("observers"))
+    sample_interval: int = 10
+    metrics: tuple[str, ...] | None = None
+    tensor_level: bool = True
+    push_to_hub: bool = False
+    resume_upload: bool = True
+    distributed: bool | None = None
+    alert_rules: Mapping[str, Any] = field(default_factory=dict)
+    run_name: str | None = None
+    private: bool = True
+
+    @property
+    def dataset_dir(self) -> Path:
+        """``<local_dir>/<name>``; for a repo id ``user/name`` the folder is ``name``."""
+        return self.local_dir / self.dataset_name.split("/")[-1]
+
+    @property
+    def repo_id(self) -> str | None:
+        return self.dataset_name if "/" in self.dataset_name else None
+
+    def wants(self, metric: str) -> bool:
+        """Whether ``metric`` passes the ``metrics`` filter (names or globs)."""
+        if self.metrics is None:
+            return True
+        return any(metric == pat or fnmatch.fnmatchcase(metric, pat) for pat in self.metrics)
+
+    def to_json(self) -> str:
+        data = dataclasses.asdict(self)
+        data["local_dir"] = str(self.local_dir)
+        return json.dumps(data, default=str, sort_keys=True)
+
+    @classmethod
+    def resolve(cls, environ: Mapping[str, str] | None = None, **kwargs: Any) -> "ObserversConfig":
+        """Build from ``environ`` (default ``os.environ``) overridden by ``kwargs``."""
+        environ = os.environ if environ is None else environ
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise ConfigError(f"unknown Observation setting(s): {', '.join(unknown)}; "
+                              f"known: {', '.join(sorted(known))}")
+        values: dict[str, Any] = {}
+
+        def pick(key: str, var: str) -> tuple[str, Any] | None:
+            if key in kwargs and kwargs[key] is not None:
+                return key, kwargs[key]
+            if environ.get(var) not in (None, ""):
+                return var, environ[var]
+            return None
+
+        if (got := pick("dataset_name", env.OBSERVERS_DATASET)) is not None:
+            name = str(got[1]).strip().strip("/")
+            if not name or name.count("/") > 1 or any(c in name for c in " \\:*?\"<>|"):
+                raise ConfigError(f"{got[0]} must be a name or a Hub repo id 'user/name', got {got[1]!r}")
+            values["dataset_name"] = name
+        if (got := pick("local_dir", env.OBSERVERS_DIR)) is not None:
+            values["local_dir"] = Path(got[1]).expanduser()
+        if (got := pick("sample_interval", env.OBSERVERS_SAMPLE_INTERVAL)) is not None:
+            values["sample_interval"] = _parse_interval(*got)
+        if "metrics" in kwargs or environ.get(env.OBSERVERS_METRICS):
+            src = ("metrics", kwargs["metrics"]) if "metrics" in kwargs else (env.OBSERVERS_METRICS, environ[env.OBSERVERS_METRICS])
+            values["metrics"] = _parse_metrics(*src)
+        for key, var in (("tensor_level", env.OBSERVERS_TENSOR_LEVEL), ("push_to_hub", env.OBSERVERS_PUSH_TO_HUB),
+                         ("resume_upload", env.OBSERVERS_RESUME_UPLOAD), ("private", "OBSERVERS_PRIVATE")):
+            if (got := pick(key, var)) is not None:
+                values[key] = _parse_bool(*got)
+        if (got := pick("distributed", env.OBSERVERS_DISTRIBUTED)) is not None:
+            values["distributed"] = None if str(got[1]).lower() == "auto" else _parse_bool(*got)
+        if (got := pick("alert_rules", env.OBSERVERS_ALERT_RULES)) is not None:
+            values["alert_rules"] = _parse_rules(*got)
+        if (got := pick("run_name", env.OBSERVERS_RUN_NAME)) is not None:
+            values["run_name"] = str(got[1])
+        return cls(**values)

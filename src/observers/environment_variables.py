@@ -1,0 +1,79 @@
+"""Environment variables of the zero-code path; each equals an ``Observation`` keyword.
+
+Registered under ``opentelemetry_environment_variables`` so ``opentelemetry-instrument``
+also accepts them as ``--observers_dataset ...`` flags.
+"""
+
+OBSERVERS_DATASET = "OBSERVERS_DATASET"
+"""
+.. envvar:: OBSERVERS_DATASET
+
+``dataset_name``: a name, or a Hub repo id ``user/name``. Default: the training script's
+file stem.
+"""
+
+OBSERVERS_DIR = "OBSERVERS_DIR"
+"""
+.. envvar:: OBSERVERS_DIR
+
+Local root; the dataset lives in ``<root>/<name>`` (default ``./observers``).
+"""
+
+OBSERVERS_SAMPLE_INTERVAL = "OBSERVERS_SAMPLE_INTERVAL"
+"""
+.. envvar:: OBSERVERS_SAMPLE_INTERVAL
+
+``sample_interval``: steps between sampled steps (grad/param norms, layer statistics,
+step spans). Default ``10``.
+"""
+
+OBSERVERS_METRICS = "OBSERVERS_METRICS"
+"""
+.. envvar:: OBSERVERS_METRICS
+
+``metrics``: comma-separated names or globs to keep (``loss,grad_norm,layer.*``).
+Default: all.
+"""
+
+OBSERVERS_TENSOR_LEVEL = "OBSERVERS_TENSOR_LEVEL"
+"""
+.. envvar:: OBSERVERS_TENSOR_LEVEL
+
+``tensor_level``: per-layer statistics on (``1``, default) or off (``0``).
+"""
+
+OBSERVERS_PUSH_TO_HUB = "OBSERVERS_PUSH_TO_HUB"
+"""
+.. envvar:: OBSERVERS_PUSH_TO_HUB
+
+``push_to_hub``: upload sealed shards to the Hub dataset repo (default ``0``).
+"""
+
+OBSERVERS_RESUME_UPLOAD = "OBSERVERS_RESUME_UPLOAD"
+"""
+.. envvar:: OBSERVERS_RESUME_UPLOAD
+
+``resume_upload``: upload shards an earlier process left pending (default ``1``).
+"""
+
+OBSERVERS_DISTRIBUTED = "OBSERVERS_DISTRIBUTED"
+"""
+.. envvar:: OBSERVERS_DISTRIBUTED
+
+``distributed``: per-rank telemetry (default: auto when ``torch.distributed`` is
+initialised).
+"""
+
+OBSERVERS_ALERT_RULES = "OBSERVERS_ALERT_RULES"
+"""
+.. envvar:: OBSERVERS_ALERT_RULES
+
+``alert_rules``: JSON, or the path of a JSON/YAML file.
+"""
+
+OBSERVERS_RUN_NAME = "OBSERVERS_RUN_NAME"
+"""
+.. envvar:: OBSERVERS_RUN_NAME
+
+``run_name``: a human-readable name of this run (default: ``<dataset>-<start time>``).
+"""

@@ -1,0 +1,547 @@
+"""The engine of one observed run: turns loop events into step records and ships them.
+
+``Run`` listens to :mod:`observers.capture.training_loop` on the training thread, keeps
+only integers and detached device scalars per step (:class:`StepBuffer`), and hands drained
+batches of steps to the :class:`Pipeline` worker, which builds Arrow rows and feeds the
+sinks (dataset, OTel signals, and whatever components add). Everything after the capture
+runs off the training thread.
+
+Step semantics (what users see in ``scalars.step``):
+
+* A training step ends at the first optimizer step after a backward. Further optimizer
+  steps with no backward in between (several optimizers) belong to the same step;
+  several backwards before one optimizer step (gradient accumulation) are micro-batches
+  whose losses are averaged.
+* Without any ``torch.optim`` optimizer (hand-written updates), each backward after the
+  first closes the previous step.
+* An epoch is one iteration over the training ``DataLoader`` (the loader whose batches
+  fed optimizer steps); ``Observation.commit()`` marks epochs explicitly instead.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import os
+import platform
+import socket
+import sys
+import time
+import uuid
+import weakref
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from observers.capture.training_loop import CAPTURE
+from observers.config import ObserversConfig
+from observers.export import tables
+from observers.export.dataset_sink import DatasetSink
+from observers.export.otel_signals import OtelSignals
+from observers.export.pipeline import Pipeline
+from observers.process import step_buffer as sb
+from observers.version import __version__
+
+_logger = logging.getLogger(__name__)
+
+DRAIN_SECONDS = 1.0
+"""Closed steps reach the exporter thread at least this often (the crash-loss window)."""
+
+
+class Component:
+    """Extension point: a capability (layer stats, GPU sampler, alerts...) of a run.
+
+    Every method is optional and runs on the training thread unless noted; none may raise
+    into training (the run logs and disables a failing component).
+    """
+
+    name = "component"
+
+    def on_start(self, run: "Run") -> None: ...
+    def on_step_start(self, run: "Run", step: int, sampled: bool) -> None: ...
+    def on_optimizer_pre(self, run: "Run", optimizer: torch.optim.Optimizer, sampled: bool) -> None: ...
+    def on_optimizer_post(self, run: "Run", optimizer: torch.optim.Optimizer, sampled: bool) -> None: ...
+    def on_step_end(self, run: "Run", step: int, sampled: bool) -> None: ...
+    def on_drain(self, run: "Run", epoch: int) -> None: ...
+    def on_epoch_end(self, run: "Run", epoch: int) -> None: ...
+    def on_finish(self, run: "Run") -> None: ...
+
+
+ComponentFactory = Callable[["Run"], "Component | None"]
+COMPONENT_FACTORIES: list[ComponentFactory] = []
+"""Factories called at run start; capability modules register themselves here."""
+
+
+def _batch_size(batch: Any, depth: int = 0) -> int:
+    """Leading dimension of the first tensor in a (nested) batch; -1 if none."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else -1
+    if depth > 3:
+        return -1
+    if isinstance(batch, (list, tuple)):
+        for item in batch:
+            n = _batch_size(item, depth + 1)
+            if n >= 0:
+                return n
+    elif isinstance(batch, dict):
+        for item in batch.values():
+            n = _batch_size(item, depth + 1)
+            if n >= 0:
+                return n
+    return -1
+
+
+def _loss_tensor(tensors: Any) -> torch.Tensor | None:
+    t = tensors[0] if isinstance(tensors, (list, tuple)) and tensors else tensors
+    if isinstance(t, torch.Tensor) and t.numel() == 1 and t.is_floating_point():
+        return t.detach()
+    return None
+
+
+def _live_optimizer_exists() -> bool:
+    return any(isinstance(o, torch.optim.Optimizer) for o in gc.get_objects())
+
+
+def _dist_info() -> tuple[int, int, int]:
+    """(rank, local_rank, world_size) of an initialised process group, else (0, 0, 1)."""
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), int(os.environ.get("LOCAL_RANK", dist.get_rank())), dist.get_world_size()
+    except Exception:  # noqa: BLE001
+        pass
+    return 0, 0, 1
+
+
+class Run:
+    """One observed training run (created by the instrumentor or an ``Observation``)."""
+
+    def __init__(self, config: ObserversConfig, *, source: str = "api") -> None:
+        self.config = config
+        self.source = source
+        self.started = False
+        self.finished = False
+        self.run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
+        self.name = config.run_name or self.run_id
+        self.rank, self.local_rank, self.world_size = 0, 0, 1
+        self.distributed = False
+        self.clock_offset_ns = time.time_ns() - time.perf_counter_ns()
+        self.start_ns = 0
+        self.step = 0
+        self.epoch = 0
+        self.sampled = False
+        self.buffer = sb.StepBuffer()
+        self.pipeline = Pipeline()
+        self.components: list[Component] = []
+        self.error: str | None = None
+        self.model_ref: weakref.ReferenceType[torch.nn.Module] | None = None
+        self.info: dict[str, Any] = {}
+        # loop state
+        self._opt_mode: bool | None = None  # True: torch.optim; False: hand-written updates
+        self._optimizers: list[weakref.ReferenceType[torch.optim.Optimizer]] = []
+        self._stepped: set[int] = set()     # optimizers that stepped since the last close
+        self._step_iteration: int | None = None
+        self._train_iteration: int | None = None
+        self._train_exhausted = False
+        self._auto_epochs = True
+        self._in_opt = 0
+        self._bwd_t0 = 0
+        self._opt_t0 = 0
+        self._drain_due = False
+        self._last_drain = time.monotonic()
+        self._snapshots: dict[int, list[torch.Tensor]] = {}
+        self._model_hook: Any = None
+        self.dataset: DatasetSink | None = None
+        self.otel: OtelSignals | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def attach(self) -> None:
+        """Start receiving loop events (the run itself starts lazily on the first one)."""
+        CAPTURE.push(self)
+
+    def start(self) -> None:
+        if self.started:
+            return
+        self.started = True
+        cfg = self.config
+        self.rank, self.local_rank, self.world_size = _dist_info()
+        self.distributed = bool(cfg.distributed) if cfg.distributed is not None else self.world_size > 1
+        self.start_ns = time.time_ns()
+        root = cfg.dataset_dir.resolve()
+        rank = self.rank if self.distributed else None
+        self.dataset = DatasetSink(root, self.run_id, rank,
+                                   description=f"{cfg.dataset_name}\nTraining telemetry recorded by observers.")
+        self.pipeline.sinks.append(self.dataset)
+        self.otel = OtelSignals(self.resource_attributes(), cfg.wants)
+        self.pipeline.start()
+        self.pipeline.put("call", lambda: self.otel.start_run(self.name, self.start_ns, self.resource_attributes()))
+        self._model_hook = torch.nn.modules.module.register_module_forward_pre_hook(self._find_model)
+        for factory in COMPONENT_FACTORIES:
+            try:
+                comp = factory(self)
+            except Exception as exc:  # noqa: BLE001
+                _logger.warning("observers: component %r not started: %r", factory, exc)
+                continue
+            if comp is not None:
+                self.components.append(comp)
+        self._call("on_start", self)
+        self._write_run_row("running")
+        self._open_step(time.perf_counter_ns())
+        _logger.info("observers: recording run %s into %s", self.run_id, root)
+
+    def resource_attributes(self) -> dict[str, Any]:
+        return {
+            "service.name": os.environ.get("OTEL_SERVICE_NAME") or self.config.dataset_name.split("/")[-1],
+            "ml.run.id": self.run_id, "ml.run.name": self.name, "ml.rank": self.rank,
+            "ml.world_size": self.world_size, "host.name": socket.gethostname(),
+        }
+
+    def finish(self, error: BaseException | str | None = None, timeout: float = 30.0) -> None:
+        """Close the open step, seal the last shards, end spans; bounded by ``timeout``."""
+        if self.finished:
+            return
+        self.finished = True
+        CAPTURE.remove(self)
+        if self._model_hook is not None:
+            self._model_hook.remove()
+            self._model_hook = None
+        if not self.started:
+            return
+        if error is not None and self.error is None:
+            self.error = f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else str(error)
+        try:
+            if self.buffer.row()[sb.N_BWD] > 0:
+                self._close_step(time.perf_counter_ns())
+            self._drain()
+        except Exception as exc:  # noqa: BLE001
+            _logger.warning("observers: could not drain the last steps: %r", exc)
+        self._call("on_finish", self)
+        end_ns = time.time_ns()
+        self._end_epoch_signals()
+        epoch = self.epoch
+        self.pipeline.put("call", lambda: self.otel.end_run(end_ns, self.error))
+        self.pipeline.put("call", lambda: self._flush_spans(epoch))
+        self._write_run_row("failed" if self.error else "finished", end_ns)
+        self.pipeline.put("seal", self.epoch)
+        self.pipeline.stop(timeout)
+        if self.otel is not None:
+            self.otel.shutdown()
+
+    def commit(self) -> None:
+        """Explicit epoch boundary: seal this epoch's shards and start the next epoch."""
+        self._auto_epochs = False
+        if not self.started:
+            self.start()
+        if self.buffer.row()[sb.N_BWD] > 0 and self._opt_mode is False:
+            self._close_step(time.perf_counter_ns())
+        self._end_epoch()
+        self.epoch += 1
+        self.buffer.row()[sb.EPOCH] = self.epoch
+
+    # -- loop events (training thread) -------------------------------------------------
+    def on_batch(self, iteration: int, batch: Any, t0: int, t1: int) -> None:
+        self.start()
+        self._maybe_drain()
+        row = self.buffer.row()
+        if iteration != self._step_iteration:
+            row[sb.DATA_NS] = 0
+            row[sb.SAMPLES] = -1
+            row[sb.T_DATA0] = 0
+            self._step_iteration = iteration
+        row[sb.DATA_NS] += t1 - t0
+        if row[sb.T_DATA0] == 0:
+            row[sb.T_DATA0] = t0
+        row[sb.T_DATA1] = t1
+        n = _batch_size(batch)
+        if n >= 0:
+            row[sb.SAMPLES] = max(row[sb.SAMPLES], 0) + n
+            self.info.setdefault("batch_size", n)
+
+    def on_data_exhausted(self, iteration: int) -> None:
+        if self.started and self._auto_epochs and iteration == self._train_iteration and not self._train_exhausted:
+            self._train_exhausted = True
+            self._end_epoch()
+
+    def on_backward_start(self, tensors: Any, t0: int) -> None:
+        self.start()
+        if not self._in_opt:
+            self._maybe_drain()
+            row = self.buffer.row()
+            if row[sb.N_BWD] > 0 and self._opt_mode is None:
+                self._opt_mode = True if _live_optimizer_exists() else False
+            if row[sb.N_BWD] > 0 and self._opt_mode is False:
+                self._close_step(t0)
+                self._maybe_drain()
+        row = self.buffer.row()
+        loss = _loss_tensor(tensors)
+        if loss is not None and self.config.wants("loss"):
+            self.buffer.add_device("loss", loss)
+        row[sb.N_BWD] += 1
+        if row[sb.T_BWD0] == 0:
+            row[sb.T_BWD0] = t0
+        self._bwd_t0 = t0
+
+    def on_backward_end(self, t1: int) -> None:
+        if not self.started:
+            return
+        row = self.buffer.row()
+        row[sb.BWD_NS] += t1 - self._bwd_t0
+        row[sb.T_BWD1] = t1
+
+    def on_optimizer_pre(self, optimizer: torch.optim.Optimizer, t0: int) -> None:
+        self.start()
+        self._opt_mode = True
+        self._in_opt += 1
+        self._opt_t0 = t0
+        self._remember(optimizer)
+        merged = self.buffer.row()[sb.N_BWD] == 0 and self.buffer.n > 0
+        row_index = self.buffer.n - 1 if merged else self.buffer.n
+        sampled = self._last_closed_sampled if merged else self.sampled
+        if not merged and self.buffer.row()[sb.T_OPT0] == 0:
+            self.buffer.row()[sb.T_OPT0] = t0
+        if sampled:
+            self._norms_before(optimizer, row_index)
+        self._call("on_optimizer_pre", self, optimizer, sampled)
+
+    def on_optimizer_post(self, optimizer: torch.optim.Optimizer, t1: int) -> None:
+        if not self.started:
+            return
+        self._in_opt = max(0, self._in_opt - 1)
+        merged = self.buffer.row()[sb.N_BWD] == 0 and self.buffer.n > 0
+        if merged:  # another optimizer of the step that just closed
+            prev = self.buffer.ints[self.buffer.n - 1]
+            prev[sb.OPT_NS] += t1 - self._opt_t0
+            prev[sb.T_OPT1] = t1
+            prev[sb.T_END] = t1
+            self.buffer.lrs[-1] = self._learning_rates()
+            if self._last_closed_sampled:
+                self._norms_after(optimizer, self.buffer.n - 1)
+            self._call("on_optimizer_post", self, optimizer, self._last_closed_sampled)
+            return
+        row = self.buffer.row()
+        row[sb.OPT_NS] += t1 - self._opt_t0
+        row[sb.T_OPT1] = t1
+        if self.sampled:
+            self._norms_after(optimizer, self.buffer.n)
+        self._call("on_optimizer_post", self, optimizer, self.sampled)
+        if row[sb.N_BWD] > 0:
+            self._close_step(t1)
+
+    def on_exception(self, exc: BaseException) -> None:
+        self.error = f"{type(exc).__name__}: {exc}"
+
+    # -- steps and epochs ----------------------------------------------------------------
+    def _open_step(self, t0: int) -> None:
+        row = self.buffer.row()
+        row[sb.STEP] = self.step
+        row[sb.EPOCH] = self.epoch
+        row[sb.T_START] = t0
+        row[sb.SAMPLES] = -1
+        self.sampled = self.step % self.config.sample_interval == 0
+        row[sb.SAMPLED] = int(self.sampled)
+        self._call("on_step_start", self, self.step, self.sampled)
+
+    def _close_step(self, t1: int) -> None:
+        row = self.buffer.row()
+        it = self._step_iteration
+        if self._auto_epochs and it is not None:
+            if self._train_iteration is None:
+                self._train_iteration = it
+            elif it != self._train_iteration and (
+                    self._train_exhausted or CAPTURE.same_loader(it, self._train_iteration)):
+                if not self._train_exhausted:
+                    self._end_epoch()
+                self.epoch += 1
+                row[sb.EPOCH] = self.epoch
+                self._train_iteration = it
+                self._train_exhausted = False
+        row[sb.T_END] = t1
+        self._call("on_step_end", self, self.step, self.sampled)
+        self._last_closed_sampled = self.sampled
+        self.buffer.close_step(self._learning_rates())
+        if self.sampled or self.buffer.full or time.monotonic() - self._last_drain > DRAIN_SECONDS:
+            self._drain_due = True
+        self.step += 1
+        self._open_step(t1)
+        if self.buffer.full:
+            self._drain()
+
+    _last_closed_sampled = False
+
+    def _maybe_drain(self) -> None:
+        if self._drain_due:
+            self._drain()
+
+    def _drain(self) -> None:
+        self._drain_due = False
+        self._last_drain = time.monotonic()
+        batch = self.buffer.drain()
+        epoch = int(batch.ints[0, sb.EPOCH]) if batch is not None else self.epoch
+        if batch is not None:
+            self.pipeline.put("call", lambda: self._consume(batch, epoch))
+        self._call("on_drain", self, epoch)
+
+    def _end_epoch(self) -> None:
+        self._drain()
+        self._call("on_epoch_end", self, self.epoch)
+        self._end_epoch_signals()
+        epoch = self.epoch
+        self.pipeline.put("call", lambda: self._flush_spans(epoch))
+        if self.epoch == 0:
+            self._write_run_row("running")
+        self.pipeline.put("seal", self.epoch)
+
+    def _end_epoch_signals(self) -> None:
+        end_ns = time.time_ns()
+        self.pipeline.put("call", lambda: self.otel.end_epoch(end_ns))
+
+    # -- exporter-thread work -------------------------------------------------------------
+    def _consume(self, batch: sb.StepBatch, epoch: int) -> None:
+        table = batch.scalars(self.run_id, self.rank, self.clock_offset_ns, self.config.wants)
+        for sink in self.pipeline.sinks:
+            self.pipeline._safe(sink.write, "scalars", table, epoch)
+        if self.otel is not None:
+            self.otel.record_steps(batch, table)
+            sampled_steps = set(batch.ints[batch.ints[:, sb.SAMPLED] == 1, sb.STEP].tolist())
+            by_step: dict[int, dict[str, float]] = {}
+            if sampled_steps:
+                steps = table.column("step").to_numpy()
+                names = table.column("name").to_numpy(zero_copy_only=False)
+                values = table.column("value").to_numpy()
+                for s, n, v in zip(steps, names, values):
+                    if s in sampled_steps and n in ("loss", "grad_norm", "learning_rate"):
+                        by_step.setdefault(int(s), {})[n] = v
+            self.otel.step_spans(batch, self.clock_offset_ns, by_step)
+        self._flush_spans(epoch)
+
+    def _flush_spans(self, epoch: int) -> None:
+        if self.otel is None:
+            return
+        spans = self.otel.take_spans(self.run_id)
+        if spans is not None:
+            for sink in self.pipeline.sinks:
+                self.pipeline._safe(sink.write, "spans", spans, epoch)
+
+    def emit(self, table: str, producer: Callable[[], pa.Table | None] | pa.Table) -> None:
+        """Queue rows of ``table`` for the current epoch (components use this)."""
+        if self.started:
+            self.pipeline.rows(table, self.epoch, producer)
+
+    # -- helpers ------------------------------------------------------------------------
+    def _call(self, method: str, *args: Any) -> None:
+        for comp in list(self.components):
+            fn = getattr(comp, method, None)
+            if fn is None:
+                continue
+            try:
+                fn(*args)
+            except Exception as exc:  # noqa: BLE001
+                _logger.warning("observers: %s.%s failed (%r); disabling it", comp.name, method, exc,
+                                exc_info=True)
+                self.components.remove(comp)
+
+    def _remember(self, optimizer: torch.optim.Optimizer) -> None:
+        if not any(ref() is optimizer for ref in self._optimizers):
+            self._optimizers.append(weakref.ref(optimizer))
+            if len(self._optimizers) == 1:
+                self.info["optimizer"] = type(optimizer).__name__
+                self.info["optimizer_hparams"] = {k: v for k, v in optimizer.defaults.items()
+                                                  if isinstance(v, (int, float, str, bool, tuple, list, type(None)))}
+            self.info["param_groups"] = sum(len(o.param_groups) for o in self.optimizers())
+            n_params = sum(p.numel() for o in self.optimizers() for g in o.param_groups for p in g["params"])
+            self.info["trainable_parameter_count"] = n_params
+
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        return [o for o in (r() for r in self._optimizers) if o is not None]
+
+    def _learning_rates(self) -> tuple[float, ...]:
+        values: list[float] = []
+        for opt in self.optimizers():
+            for group in opt.param_groups:
+                lr = group.get("lr")
+                if isinstance(lr, torch.Tensor):
+                    if lr.device.type == "cpu":
+                        lr = float(lr)
+                    else:
+                        lr = float("nan")  # tensor LR on a device: read at sampled steps only
+                values.append(float(lr) if lr is not None else float("nan"))
+        names = self.buffer.lr_names
+        while len(names) < len(values):
+            names.append("learning_rate" if not names else f"learning_rate/pg{len(names)}")
+        return tuple(values)
+
+    @staticmethod
+    def _params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+        return [p for g in optimizer.param_groups for p in g["params"]]
+
+    def _norms_before(self, optimizer: torch.optim.Optimizer, row: int) -> None:
+        wants = self.config.wants
+        params = self._params(optimizer)
+        grads = [p.grad for p in params if p.grad is not None and not p.grad.is_sparse]
+        if grads and wants("grad_norm"):
+            self._add_sq("_gsq", grads, row)
+        if wants("update_ratio") and params:
+            with torch.no_grad():
+                self._snapshots[id(optimizer)] = [p.detach().clone() for p in params]
+
+    def _norms_after(self, optimizer: torch.optim.Optimizer, row: int) -> None:
+        wants = self.config.wants
+        params = [p.detach() for p in self._params(optimizer)]
+        if params and (wants("param_norm") or wants("update_ratio")):
+            self._add_sq("_psq", params, row)
+        before = self._snapshots.pop(id(optimizer), None)
+        if before is not None and len(before) == len(params):
+            with torch.no_grad():
+                deltas = torch._foreach_sub(params, before)
+            self._add_sq("_usq", deltas, row)
+
+    def _add_sq(self, name: str, tensors: list[torch.Tensor], row: int) -> None:
+        with torch.no_grad():
+            norms = torch._foreach_norm(tensors)
+            device = norms[0].device
+            stacked = torch.stack([n.to(device, torch.float32) for n in norms])
+            total = torch.dot(stacked, stacked)
+        self.buffer.device.append(total)
+        self.buffer.device_index.append((row, name))
+
+    def _find_model(self, module: torch.nn.Module, args: Any) -> None:
+        if not torch.is_grad_enabled():
+            return
+        self.model_ref = weakref.ref(module)
+        self.info["model_class"] = f"{type(module).__module__}.{type(module).__qualname__}"
+        self.info["parameter_count"] = sum(p.numel() for p in module.parameters())
+        try:
+            self.info["device"] = str(next(module.parameters()).device)
+        except StopIteration:
+            pass
+        if self._model_hook is not None:
+            self._model_hook.remove()
+            self._model_hook = None
+
+    def _write_run_row(self, status: str, end_ns: int | None = None) -> None:
+        info = dict(self.info)
+        row = {
+            "run_id": self.run_id, "name": self.name, "dataset": self.config.dataset_name,
+            "status": status, "error": self.error,
+            "start_time": self.start_ns, "end_time": end_ns,
+            "steps": self.step, "epochs": self.epoch + (1 if self.step else 0),
+            "model_class": info.get("model_class"), "parameter_count": info.get("parameter_count"),
+            "trainable_parameter_count": info.get("trainable_parameter_count"),
+            "optimizer": info.get("optimizer"),
+            "optimizer_hparams": json.dumps(info.get("optimizer_hparams"), default=str),
+            "param_groups": info.get("param_groups"), "batch_size": info.get("batch_size"),
+            "sample_interval": self.config.sample_interval,
+            "rank": self.rank, "local_rank": self.local_rank, "world_size": self.world_size,
+            "clock_offset_s": info.get("clock_offset_s"),
+            "host": socket.gethostname(), "device": info.get("device"),
+            "python_version": platform.python_version(), "torch_version": torch.__version__,
+            "observers_version": __version__, "argv": json.dumps(sys.argv),
+            "config": self.config.to_json(),
+        }
+        table = pa.Table.from_pylist([row], schema=tables.RUNS)
+        self.pipeline.rows("runs", self.epoch, table)
