@@ -139,6 +139,10 @@ class ObserversConfig:
     def resolve(cls, environ: Mapping[str, str] | None = None, **kwargs: Any) -> "ObserversConfig":
         """Build from ``environ`` (default ``os.environ``) overridden by ``kwargs``."""
         environ = os.environ if environ is None else environ
+        known_vars = {v for k, v in vars(env).items() if k.startswith("OBSERVERS_") and isinstance(v, str)}
+        typos = sorted(k for k in environ if k.startswith("OBSERVERS_") and k not in known_vars)
+        if typos:
+            raise ConfigError(f"unknown setting(s) {', '.join(typos)}; known: {', '.join(sorted(known_vars))}")
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(kwargs) - known)
         if unknown:
@@ -166,7 +170,7 @@ class ObserversConfig:
             src = ("metrics", kwargs["metrics"]) if "metrics" in kwargs else (env.OBSERVERS_METRICS, environ[env.OBSERVERS_METRICS])
             values["metrics"] = _parse_metrics(*src)
         for key, var in (("tensor_level", env.OBSERVERS_TENSOR_LEVEL), ("push_to_hub", env.OBSERVERS_PUSH_TO_HUB),
-                         ("resume_upload", env.OBSERVERS_RESUME_UPLOAD), ("private", "OBSERVERS_PRIVATE")):
+                         ("resume_upload", env.OBSERVERS_RESUME_UPLOAD), ("private", env.OBSERVERS_PRIVATE)):
             if (got := pick(key, var)) is not None:
                 values[key] = _parse_bool(*got)
         if (got := pick("distributed", env.OBSERVERS_DISTRIBUTED)) is not None:

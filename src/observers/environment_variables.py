@@ -71,6 +71,13 @@ OBSERVERS_ALERT_RULES = "OBSERVERS_ALERT_RULES"
 ``alert_rules``: JSON, or the path of a JSON/YAML file.
 """
 
+OBSERVERS_PRIVATE = "OBSERVERS_PRIVATE"
+"""
+.. envvar:: OBSERVERS_PRIVATE
+
+``private``: create the Hub dataset repo private (default ``1``).
+"""
+
 OBSERVERS_RUN_NAME = "OBSERVERS_RUN_NAME"
 """
 .. envvar:: OBSERVERS_RUN_NAME
