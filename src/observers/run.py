@@ -29,6 +29,7 @@ import socket
 import sys
 import time
 import uuid
+import warnings
 import weakref
 from pathlib import Path
 from typing import Any, Callable
@@ -103,7 +104,15 @@ def _loss_tensor(tensors: Any) -> torch.Tensor | None:
 
 
 def _live_optimizer_exists() -> bool:
-    return any(isinstance(o, torch.optim.Optimizer) for o in gc.get_objects())
+    """Whether some live optimizer holds parameters that have gradients right now.
+
+    Decides, once, between gradient accumulation (a second backward before the first
+    optimizer step) and hand-written updates without ``torch.optim``.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        optimizers = [o for o in gc.get_objects() if isinstance(o, torch.optim.Optimizer)]
+    return any(p.grad is not None for o in optimizers for g in o.param_groups for p in g["params"])
 
 
 def _dist_info() -> tuple[int, int, int]:
