@@ -14,6 +14,11 @@ Step semantics (what users see in ``scalars.step``):
   whose losses are averaged.
 * Without any ``torch.optim`` optimizer (hand-written updates), each backward after the
   first closes the previous step.
+* ``optimizer.step(closure)`` (Lightning, LBFGS): the backward inside the closure belongs
+  to that step; gradient norms are taken when that backward ends.
+* Under ``torch.amp.GradScaler`` the recorded loss is the unscaled one; a step whose
+  ``optimizer.step()`` the scaler skipped (inf/NaN gradients) ends at ``scaler.update()``
+  and carries the scalar ``skipped = 1``.
 * An epoch is one iteration over the training ``DataLoader`` (the loader whose batches
   fed optimizer steps); ``Observation.commit()`` marks epochs explicitly instead.
 """
@@ -44,6 +49,7 @@ from observers.export import tables
 from observers.export.dataset_sink import DatasetSink
 from observers.export.otel_signals import OtelSignals
 from observers.export.pipeline import Pipeline
+from observers.export.resource import claim_run_id
 from observers.process import step_buffer as sb
 from observers.version import __version__
 
@@ -135,7 +141,7 @@ class Run:
         self.source = source
         self.started = False
         self.finished = False
-        self.run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
+        self.run_id = claim_run_id()  # the id the OTel resource announced, for the first run
         self.name = config.run_name or self.run_id
         self.rank, self.local_rank, self.world_size = 0, 0, 1
         self.distributed = False
@@ -165,6 +171,8 @@ class Run:
         self._last_drain = time.monotonic()
         self._snapshots: dict[int, list[torch.Tensor]] = {}
         self._model_hook: Any = None
+        self._scaled: tuple[weakref.ReferenceType[torch.Tensor], torch.Tensor] | None = None
+        self._closure_opt: torch.optim.Optimizer | None = None  # sampled step(closure) awaiting grads
         self.dataset: DatasetSink | None = None
         self.otel: OtelSignals | None = None
 
@@ -232,7 +240,7 @@ class Run:
         self._call("on_finish", self)
         end_ns = time.time_ns()
         self._end_epoch_signals()
-        epoch = self.epoch
+        epoch = self._last_closed_epoch
         self.pipeline.put("call", lambda: self.otel.end_run(end_ns, self.error))
         self.pipeline.put("call", lambda: self._flush_spans(epoch))
         self._write_run_row("failed" if self.error else "finished", end_ns)
@@ -287,7 +295,7 @@ class Run:
                 self._close_step(t0)
                 self._maybe_drain()
         row = self.buffer.row()
-        loss = _loss_tensor(tensors)
+        loss = _loss_tensor(self._unscaled(tensors))
         if loss is not None and self.config.wants("loss"):
             self.buffer.add_device("loss", loss)
         row[sb.N_BWD] += 1
@@ -301,18 +309,26 @@ class Run:
         row = self.buffer.row()
         row[sb.BWD_NS] += t1 - self._bwd_t0
         row[sb.T_BWD1] = t1
+        opt, self._closure_opt = self._closure_opt, None
+        if opt is not None and self._in_opt:  # gradients of a step(closure) exist only now
+            self._norms_before(opt, self.buffer.n)
+            self._call("on_optimizer_pre", self, opt, self.sampled)
 
-    def on_optimizer_pre(self, optimizer: torch.optim.Optimizer, t0: int) -> None:
+    def on_optimizer_pre(self, optimizer: torch.optim.Optimizer, t0: int, closure: bool = False) -> None:
         self.start()
         self._opt_mode = True
         self._in_opt += 1
         self._opt_t0 = t0
         self._remember(optimizer)
-        merged = self.buffer.row()[sb.N_BWD] == 0 and self.buffer.n > 0
+        merged = not closure and self.buffer.row()[sb.N_BWD] == 0 and self.buffer.n > 0
         row_index = self.buffer.n - 1 if merged else self.buffer.n
         sampled = self._last_closed_sampled if merged else self.sampled
         if not merged and self.buffer.row()[sb.T_OPT0] == 0:
             self.buffer.row()[sb.T_OPT0] = t0
+        if closure:  # forward and backward still to come, inside the step
+            self._closure_opt = optimizer if sampled else None
+            if sampled:
+                return
         if sampled:
             self._norms_before(optimizer, row_index)
         self._call("on_optimizer_pre", self, optimizer, sampled)
@@ -333,13 +349,36 @@ class Run:
             self._call("on_optimizer_post", self, optimizer, self._last_closed_sampled)
             return
         row = self.buffer.row()
-        row[sb.OPT_NS] += t1 - self._opt_t0
+        opt_t0 = max(self._opt_t0, int(row[sb.T_BWD1]))  # a closure's forward/backward is not optimizer time
+        row[sb.OPT_NS] += t1 - opt_t0
+        row[sb.T_OPT0] = max(int(row[sb.T_OPT0]), opt_t0)
         row[sb.T_OPT1] = t1
+        self._closure_opt = None
         if self.sampled:
             self._norms_after(optimizer, self.buffer.n)
         self._call("on_optimizer_post", self, optimizer, self.sampled)
         if row[sb.N_BWD] > 0:
             self._close_step(t1)
+
+    def on_loss_scaled(self, scaled: torch.Tensor, unscaled: torch.Tensor) -> None:
+        """``GradScaler.scale(unscaled)`` returned ``scaled``; remembered until the next backward."""
+        self._scaled = (weakref.ref(scaled), unscaled)
+
+    def _unscaled(self, tensors: Any) -> Any:
+        scaled, self._scaled = self._scaled, None
+        t = tensors[0] if isinstance(tensors, (list, tuple)) and tensors else tensors
+        return scaled[1] if scaled is not None and scaled[0]() is t else tensors
+
+    def on_scaler_update(self, t1: int) -> None:
+        """``GradScaler.update()``: backwards with no optimizer step since means a skipped step."""
+        if self.started and not self._in_opt and self.buffer.row()[sb.N_BWD] > 0 and self._opt_mode is not False:
+            self.buffer.add_host("skipped", 1.0)
+            self._close_step(t1)
+
+    def follow_epochs(self, source: str) -> None:
+        """From now on epochs end only by :meth:`commit` (a framework integration calls it)."""
+        self._auto_epochs = False
+        self.info["epochs_from"] = source
 
     def on_exception(self, exc: BaseException) -> None:
         self.error = f"{type(exc).__name__}: {exc}"
@@ -370,6 +409,7 @@ class Run:
                 self._train_iteration = it
                 self._train_exhausted = False
         row[sb.T_END] = t1
+        self._last_closed_epoch = int(row[sb.EPOCH])
         self._call("on_step_end", self, self.step, self.sampled)
         self._last_closed_sampled = self.sampled
         self.buffer.close_step(self._learning_rates())
@@ -381,6 +421,7 @@ class Run:
             self._drain()
 
     _last_closed_sampled = False
+    _last_closed_epoch = 0
 
     def _maybe_drain(self) -> None:
         if self._drain_due:
@@ -538,7 +579,7 @@ class Run:
             "run_id": self.run_id, "name": self.name, "dataset": self.config.dataset_name,
             "status": status, "error": self.error,
             "start_time": self.start_ns, "end_time": end_ns,
-            "steps": self.step, "epochs": self.epoch + (1 if self.step else 0),
+            "steps": self.step, "epochs": self._last_closed_epoch + 1 if self.step else 0,
             "model_class": info.get("model_class"), "parameter_count": info.get("parameter_count"),
             "trainable_parameter_count": info.get("trainable_parameter_count"),
             "optimizer": info.get("optimizer"),
@@ -551,6 +592,7 @@ class Run:
             "python_version": platform.python_version(), "torch_version": torch.__version__,
             "observers_version": __version__, "argv": json.dumps(sys.argv),
             "config": self.config.to_json(),
+            "hyperparameters": json.dumps(info["hyperparameters"], default=str) if "hyperparameters" in info else None,
         }
         table = pa.Table.from_pylist([row], schema=tables.RUNS)
         self.pipeline.rows("runs", self.epoch, table)
