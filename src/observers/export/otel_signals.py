@@ -8,10 +8,22 @@ after the fact with the recorded timestamps (``ml.train.run`` > ``ml.train.epoch
 
 When no OTel SDK is configured, a private ``TracerProvider`` still produces the spans for
 the dataset's ``spans`` table.
+
+Units are chosen for readable Prometheus names (dots become underscores, a unit suffix is
+appended): loss, learning rate and norms have no unit (``ml_train_loss``, not the
+``_ratio`` that unit ``1`` would add), ``ml.train.update_ratio`` is a true ratio (unit ``1``,
+``ml_train_update_ratio``), durations are seconds (``ml_train_step_duration_seconds``) and
+counters end in ``_total``. The SDK drops NaN and Inf measurements, so a non-finite value is
+never observed; it is counted in ``ml.train.nonfinite`` (attribute ``ml.metric``) instead,
+and that counter starts at zero so its series exists from the first export.
+
+Data points carry ``ml.run.id`` and ``ml.rank``; the other resource attributes come from
+:mod:`observers.export.resource`.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any, Iterable, Mapping
 
@@ -29,6 +41,17 @@ from observers.process import step_buffer as sb
 from observers.version import __version__
 
 _SCOPE = "observers"
+_logger = logging.getLogger(__name__)
+
+GAUGES: dict[str, tuple[str, str, str]] = {
+    # scalar name: (OTel name, unit, description); read at export time
+    "loss": ("ml.train.loss", "", "Loss of the last step (mean over its micro-batches)"),
+    "grad_norm": ("ml.train.grad_norm", "", "Global L2 norm of the gradients (sampled steps)"),
+    "param_norm": ("ml.train.param_norm", "", "Global L2 norm of the parameters (sampled steps)"),
+    "update_ratio": ("ml.train.update_ratio", "1", "||update|| / ||params|| (sampled steps)"),
+}
+FLUSH_MILLIS = 5000
+"""Bound on the flush of the global providers when a run ends."""
 
 
 class DatasetSpanProcessor(SpanProcessor):
@@ -91,8 +114,15 @@ class OtelSignals:
         self._common = {"ml.run.id": self.attributes.get("ml.run.id"),
                         "ml.rank": self.attributes.get("ml.rank", 0)}
         self._inst = _instruments()
+        # zero points: the counters' series exist (and rate() works) from the first export
+        self._inst.steps.add(0, self._common)
+        self._inst.samples.add(0, self._common)
+        for name in GAUGES:
+            if self._wants(name):
+                self._inst.nonfinite.add(0, {**self._common, "ml.metric": name})
         with _ACTIVE_LOCK:
             _ACTIVE.append(self)
+        _hint_resource(self.attributes)
 
     def record_steps(self, batch: sb.StepBatch, scalars: pa.Table) -> None:
         """Update metrics from one drained batch of steps (exporter thread)."""
@@ -101,8 +131,7 @@ class OtelSignals:
         latest: dict[str, float] = {}
         for name, value in zip(names, values):  # rows are sorted by step: last one wins
             latest[name] = value
-        bad = {n: int(np.sum(~np.isfinite(values[names == n]))) for n in ("loss", "grad_norm")
-               if n in latest}
+        bad = {n: int(np.sum(~np.isfinite(values[names == n]))) for n in GAUGES if n in latest}
         with self._lock:
             self.latest.update(latest)
         for name, count in bad.items():
@@ -184,6 +213,14 @@ class OtelSignals:
         return spans_to_table(spans, default_run_id) if spans else None
 
     def shutdown(self) -> None:
+        """Export the run's last values and spans now (bounded), then stop reporting it."""
+        for provider in (metrics.get_meter_provider(), trace.get_tracer_provider()):
+            flush = getattr(provider, "force_flush", None)
+            if flush is not None:
+                try:
+                    flush(FLUSH_MILLIS)
+                except Exception as exc:  # noqa: BLE001 - an exporter failure never reaches training
+                    _logger.warning("observers: flushing OTel signals failed: %r", exc)
         self.processor.enabled = False
         with _ACTIVE_LOCK:
             if self in _ACTIVE:
@@ -202,7 +239,7 @@ class _Instruments:
     def __init__(self) -> None:
         meter = metrics.get_meter(_SCOPE, __version__)
 
-        def gauge(name: str, key: str, description: str) -> None:
+        def gauge(name: str, key: str, unit: str, description: str) -> None:
             def callback(options: CallbackOptions) -> Iterable[Observation]:
                 with _ACTIVE_LOCK:
                     runs = list(_ACTIVE)
@@ -211,12 +248,10 @@ class _Instruments:
                         value = run.latest.get(key)
                     if value is not None and np.isfinite(value):
                         yield Observation(value, run._common)
-            meter.create_observable_gauge(name, [callback], unit="1", description=description)
+            meter.create_observable_gauge(name, [callback], unit=unit, description=description)
 
-        gauge("ml.train.loss", "loss", "Loss of the last step (mean over its micro-batches)")
-        gauge("ml.train.grad_norm", "grad_norm", "Global L2 norm of the gradients (sampled steps)")
-        gauge("ml.train.param_norm", "param_norm", "Global L2 norm of the parameters (sampled steps)")
-        gauge("ml.train.update_ratio", "update_ratio", "||update|| / ||params|| (sampled steps)")
+        for key, (name, unit, description) in GAUGES.items():
+            gauge(name, key, unit, description)
 
         def lr_callback(options: CallbackOptions) -> Iterable[Observation]:
             with _ACTIVE_LOCK:
@@ -225,10 +260,11 @@ class _Instruments:
                 with run._lock:
                     items = [(k, v) for k, v in run.latest.items() if k.startswith("learning_rate")]
                 for key, value in items:
-                    group = key.split("/pg")[1] if "/pg" in key else "0"
-                    yield Observation(value, {**run._common, "ml.param_group": group})
+                    if np.isfinite(value):  # NaN: a device-tensor LR not read on this step
+                        group = key.split("/pg")[1] if "/pg" in key else "0"
+                        yield Observation(value, {**run._common, "ml.param_group": group})
 
-        meter.create_observable_gauge("ml.train.learning_rate", [lr_callback], unit="1",
+        meter.create_observable_gauge("ml.train.learning_rate", [lr_callback], unit="",
                                       description="Learning rate per param group")
         self.steps = meter.create_counter("ml.train.steps", unit="{step}", description="Optimizer steps")
         self.samples = meter.create_counter("ml.train.samples", unit="{sample}", description="Training samples")
@@ -250,3 +286,20 @@ def _instruments() -> _Instruments:
     if inst is None:
         inst = _INSTRUMENTS[key] = _Instruments()
     return inst
+
+
+_hinted = False
+
+
+def _hint_resource(attributes: Mapping[str, Any]) -> None:
+    """Say once how to get the run's resource attributes when the SDK resource lacks them."""
+    global _hinted
+    resource = getattr(trace.get_tracer_provider(), "resource", None)
+    if _hinted or resource is None:
+        return
+    _hinted = True
+    if resource.attributes.get("ml.run.id") != attributes.get("ml.run.id"):
+        _logger.info("observers: the OTel resource does not describe this run (ml.run.id %s); data "
+                     "points carry ml.run.id and ml.rank. Set OTEL_EXPERIMENTAL_RESOURCE_DETECTORS="
+                     "observers for service.name, ml.run.name, ml.world_size and host.name too.",
+                     attributes.get("ml.run.id"))
