@@ -13,7 +13,7 @@ import sys
 from typing import Sequence
 
 _COMMAND_MODULES = (
-    # "observers.present.cli_analysis",   # summary, plot, compare, report
+    "observers.present.cli_analysis",     # summary, plot, compare, report
     # "observers.present.cli_hub",        # push, verify
 )
 
