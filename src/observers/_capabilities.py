@@ -3,3 +3,5 @@
 Each capability (layer statistics, GPU/system sampling, alerts, Hub upload...) appends a
 factory to :data:`observers.run.COMPONENT_FACTORIES` when imported.
 """
+
+from observers.export import otel_tables  # noqa: F401,E402 - per-layer (opt-in) and alert OTel metrics (issue 6)

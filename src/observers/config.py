@@ -90,6 +90,34 @@ def _parse_rules(name: str, raw: Any) -> dict[str, Any]:
     return data
 
 
+DEFAULT_OTLP_LAYERS = 32
+"""Layers whose per-layer series go over OTLP when ``otlp_layers`` is simply switched on."""
+
+
+def _parse_otlp_layers(name: str, raw: Any) -> int | tuple[str, ...]:
+    """Off (``0``), on (the first :data:`DEFAULT_OTLP_LAYERS` layers), a layer count, or globs."""
+    if isinstance(raw, bool):
+        return DEFAULT_OTLP_LAYERS if raw else 0
+    if isinstance(raw, int):
+        if raw < 0:
+            raise ConfigError(f"{name} must be on/off, a number of layers or layer-name globs, got {raw!r}")
+        return raw
+    if isinstance(raw, (list, tuple)):
+        if not all(isinstance(p, str) and p.strip() for p in raw):
+            raise ConfigError(f"{name} must be a list of layer-name globs, got {raw!r}")
+        return tuple(p.strip() for p in raw)
+    text = str(raw).strip()
+    if text.lower() in _TRUE or text.lower() == "all":
+        return DEFAULT_OTLP_LAYERS
+    if text.lower() in _FALSE:
+        return 0
+    if text.isdigit():
+        return int(text)
+    if text.lstrip("-").isdigit():
+        raise ConfigError(f"{name} must be on/off, a number of layers or layer-name globs, got {raw!r}")
+    return tuple(p.strip() for p in text.split(",") if p.strip())
+
+
 def default_dataset_name() -> str:
     """The training script's file stem, like wandb/mlflow name runs after the script."""
     argv0 = sys.argv[0] if sys.argv and sys.argv[0] else ""
@@ -113,6 +141,7 @@ class ObserversConfig:
     distributed: bool | None = None
     alert_rules: Mapping[str, Any] = field(default_factory=dict)
     run_name: str | None = None
+    otlp_layers: int | tuple[str, ...] = 0
     private: bool = True
 
     @property
@@ -179,4 +208,6 @@ class ObserversConfig:
             values["alert_rules"] = _parse_rules(*got)
         if (got := pick("run_name", env.OBSERVERS_RUN_NAME)) is not None:
             values["run_name"] = str(got[1])
+        if (got := pick("otlp_layers", env.OBSERVERS_OTLP_LAYERS)) is not None:
+            values["otlp_layers"] = _parse_otlp_layers(*got)
         return cls(**values)

@@ -84,3 +84,12 @@ OBSERVERS_RUN_NAME = "OBSERVERS_RUN_NAME"
 
 ``run_name``: a human-readable name of this run (default: ``<dataset>-<start time>``).
 """
+
+OBSERVERS_OTLP_LAYERS = "OBSERVERS_OTLP_LAYERS"
+"""
+.. envvar:: OBSERVERS_OTLP_LAYERS
+
+``otlp_layers``: per-layer series over OTLP (``ml.layer.*``; the dataset always has them).
+``0``/``off`` (default), ``1``/``on`` (the first 32 layers), a number of layers ``N``, or
+comma-separated layer-name globs (``encoder.*,fc*``); never more than 256 layers.
+"""
