@@ -10,6 +10,10 @@ Four global interception points, each undone by :meth:`TrainingLoopCapture.unins
   over the training loader), data-wait time, batch size.
 * ``sys.excepthook``: the error that ended a zero-code run.
 
+Further interception points (AMP's ``GradScaler``, framework trainers) are *extensions*:
+objects with ``install(capture)`` / ``uninstall()`` added with :meth:`add_extension`,
+installed and removed together with the four above.
+
 Events go to whichever listener is on top of the listener stack (the zero-code run at the
 bottom, an ``Observation`` above it). A listener error is logged once and never reaches
 the training loop.
@@ -39,7 +43,7 @@ class LoopListener(Protocol):
     def on_data_exhausted(self, iteration: int) -> None: ...
     def on_backward_start(self, tensors: Any, t0: int) -> None: ...
     def on_backward_end(self, t1: int) -> None: ...
-    def on_optimizer_pre(self, optimizer: torch.optim.Optimizer, t0: int) -> None: ...
+    def on_optimizer_pre(self, optimizer: torch.optim.Optimizer, t0: int, closure: bool = False) -> None: ...
     def on_optimizer_post(self, optimizer: torch.optim.Optimizer, t1: int) -> None: ...
     def on_exception(self, exc: BaseException) -> None: ...
 
@@ -60,6 +64,25 @@ class TrainingLoopCapture:
         self._main_thread = threading.main_thread()
         self._in_backward = 0
         self._loaders: dict[int, int] = {}  # iteration id -> id() of its DataLoader
+        self._extensions: list[Any] = []
+
+    def add_extension(self, extension: Any) -> None:
+        """Install ``extension`` (``install(capture)``/``uninstall()``) with the capture."""
+        if extension not in self._extensions:
+            self._extensions.append(extension)
+            if self.installed:
+                self._guard(extension.install, self)
+
+    def _guard(self, fn: Any, *args: Any) -> None:
+        try:
+            fn(*args)
+        except Exception as exc:  # noqa: BLE001 - an extension never breaks the capture
+            _logger.warning("observers: %r failed: %r", fn, exc, exc_info=True)
+
+    @property
+    def current(self) -> LoopListener | None:
+        """The listener that receives events now (the innermost run), if any."""
+        return self._listeners[-1] if self._listeners else None
 
     # -- listener stack ------------------------------------------------------------------
     @property
@@ -146,13 +169,18 @@ class TrainingLoopCapture:
         sys.excepthook = excepthook
         self._handles = [
             register_optimizer_step_pre_hook(
-                lambda opt, args, kwargs: capture._emit("on_optimizer_pre", opt, _now())),
+                lambda opt, args, kwargs: capture._emit("on_optimizer_pre", opt, _now(),
+                                                        _has_closure(args, kwargs))),
             register_optimizer_step_post_hook(
                 lambda opt, args, kwargs: capture._emit("on_optimizer_post", opt, _now())),
         ]
         self._patched = {"backward": backward, "next": next_, "iter": iter_, "excepthook": excepthook}
+        for extension in self._extensions:
+            self._guard(extension.install, self)
 
     def _uninstall(self) -> None:
+        for extension in reversed(self._extensions):
+            self._guard(extension.uninstall)
         for handle in self._handles:
             handle.remove()
         self._handles = []
@@ -179,6 +207,15 @@ class TrainingLoopCapture:
             return ident
         except TypeError:
             return id(it)
+
+
+def _has_closure(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether ``optimizer.step`` got a closure (forward and backward run inside the step).
+
+    ``args`` is what the global step hooks receive: ``(optimizer, *step_args)``.
+    """
+    closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
+    return callable(closure)
 
 
 CAPTURE = TrainingLoopCapture()

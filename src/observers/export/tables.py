@@ -41,6 +41,7 @@ RUNS = pa.schema([
     ("observers_version", pa.string()),
     ("argv", pa.string()),
     ("config", pa.string()),
+    ("hyperparameters", pa.string()),   # JSON: what a framework reports (Trainer args, model config, hparams)
 ])
 
 SCALARS = pa.schema([
