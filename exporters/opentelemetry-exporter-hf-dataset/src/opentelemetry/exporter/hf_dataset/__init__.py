@@ -17,9 +17,16 @@ Usage (code)::
     writer = DatasetWriter("./telemetry", run_id="run-1")
     writer.write("scalars", pyarrow_table, epoch=0)
     writer.seal()
+
+Push to the Hub (in the background with ``OTEL_EXPORTER_HF_DATASET_REPO_ID=user/name``,
+or at once)::
+
+    from opentelemetry.exporter.hf_dataset import HubPusher
+    HubPusher("./telemetry", "user/name").push()
 """
 
 from opentelemetry.exporter.hf_dataset._card import write_card
+from opentelemetry.exporter.hf_dataset._hub import HubAuthError, HubPusher, HubUploader, PushResult
 from opentelemetry.exporter.hf_dataset._log_exporter import HfDatasetLogRecordExporter
 from opentelemetry.exporter.hf_dataset._mapping import (
     LOGS_SCHEMA, METRICS_SCHEMA, RECORDS_EVENT, SPANS_SCHEMA, spans_to_table)
@@ -30,7 +37,7 @@ from opentelemetry.exporter.hf_dataset.trace_exporter import HfDatasetSpanExport
 from opentelemetry.exporter.hf_dataset.version import __version__
 
 __all__ = [
-    "DatasetWriter", "HfDatasetLogRecordExporter", "HfDatasetMetricExporter",
+    "DatasetWriter", "HfDatasetLogRecordExporter", "HubAuthError", "HubPusher", "HubUploader", "PushResult", "HfDatasetMetricExporter",
     "HfDatasetSpanExporter", "LOGS_SCHEMA", "METRICS_SCHEMA", "Manifest", "RECORDS_EVENT",
     "SPANS_SCHEMA", "__version__", "load_manifests", "read_segment", "recover",
     "spans_to_table", "write_card",

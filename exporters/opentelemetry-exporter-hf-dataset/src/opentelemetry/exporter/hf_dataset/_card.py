@@ -23,10 +23,8 @@ def present_tables(root: Path) -> list[str]:
     data = root / "data"
     if not data.is_dir():
         return []
-    tables = [p.name for p in data.iterdir()
-              if p.is_dir() and not p.name.startswith(".") and any(p.rglob("*.parquet"))]
-    order = {name: i for i, name in enumerate(_DEFAULT_ORDER)}
-    return sorted(tables, key=lambda t: (order.get(t, len(order)), t))
+    return _sorted_tables(p.name for p in data.iterdir()
+                          if p.is_dir() and not p.name.startswith(".") and any(p.rglob("*.parquet")))
 
 
 def render_card(tables: list[str], description: str, tags: Iterable[str],
@@ -68,6 +66,36 @@ def render_card(tables: list[str], description: str, tags: Iterable[str],
     return "\n".join(lines)
 
 
+def _sorted_tables(tables: Iterable[str]) -> list[str]:
+    order = {name: i for i, name in enumerate(_DEFAULT_ORDER)}
+    return sorted(set(tables), key=lambda t: (order.get(t, len(order)), t))
+
+
+def card_text(root: Path, extra_tables: Iterable[str] = ()) -> str:
+    """The card of ``root`` listing its tables plus ``extra_tables`` (e.g. tables that
+    other runs already pushed to the same Hub repo), with the saved description/tags."""
+    import pyarrow.parquet as pq
+
+    root = Path(root)
+    try:
+        settings = json.loads((root / _SETTINGS).read_text())
+    except (OSError, ValueError):
+        settings = {}
+    local = present_tables(root)
+    schemas: dict[str, pa.Schema] = {}
+    for table in local:
+        for shard in sorted((root / "data" / table).rglob("*.parquet")):
+            if any(part.startswith(".") for part in shard.relative_to(root).parts):
+                continue
+            try:
+                schemas[table] = pq.read_schema(shard)
+                break
+            except (OSError, pa.ArrowException):
+                continue
+    return render_card(_sorted_tables([*local, *extra_tables]), settings.get("description", ""),
+                       settings.get("tags", []), schemas)
+
+
 def write_card(root: Path, description: str | None = None, tags: Iterable[str] = (),
                schemas: Mapping[str, pa.Schema] | None = None) -> Path:
     """(Re)write ``root/README.md`` atomically; description and tags persist across calls."""
@@ -87,6 +115,9 @@ def write_card(root: Path, description: str | None = None, tags: Iterable[str] =
                        settings.get("tags", []), schemas)
     for path, payload in ((settings_path, json.dumps(settings, indent=1)), (root / "README.md", text)):
         tmp = path.parent / f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp"
-        tmp.write_text(payload)
-        os.replace(tmp, path)
+        try:
+            tmp.write_text(payload)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
     return root / "README.md"

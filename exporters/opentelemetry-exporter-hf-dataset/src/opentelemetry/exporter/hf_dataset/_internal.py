@@ -14,12 +14,15 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import pyarrow as pa
 
 from opentelemetry.exporter.hf_dataset import environment_variables as env
 from opentelemetry.exporter.hf_dataset._writer import DatasetWriter, recover
+
+if TYPE_CHECKING:
+    from opentelemetry.exporter.hf_dataset._hub import HubUploader
 
 _logger = logging.getLogger(__name__)
 
@@ -55,6 +58,7 @@ class SharedWriter:
         interval = float(os.environ.get(env.OTEL_EXPORTER_HF_DATASET_SEAL_INTERVAL, "600") or 0)
         self.seal_interval = interval
         self._last_seal = time.monotonic()
+        self.uploader = _start_uploader(root, self.writer)
 
     def write(self, table: str, data: pa.Table, schema: pa.Schema | None = None, epoch: int = 0) -> bool:
         with self.lock:
@@ -64,7 +68,8 @@ class SharedWriter:
                 self.writer.write(table, data, epoch=epoch)
                 if self.seal_interval and time.monotonic() - self._last_seal > self.seal_interval:
                     self._last_seal = time.monotonic()
-                    self.writer.seal()
+                    if self.writer.seal() and self.uploader is not None:
+                        self.uploader.notify()
                 return True
             except (OSError, ValueError, pa.ArrowException) as exc:
                 self.failures("hf_dataset exporter could not write %s: %s", table, exc)
@@ -78,6 +83,31 @@ class SharedWriter:
             except (OSError, ValueError, pa.ArrowException) as exc:
                 self.failures("hf_dataset exporter failed: %s", exc)
                 return False
+
+
+    def close(self) -> None:
+        """Seal what is left, then push it when a repo is configured (bounded wait)."""
+        self.run(lambda w: w.close())
+        if self.uploader is not None:
+            self.uploader.notify()
+            self.uploader.close()
+
+
+def _start_uploader(root: Path, writer: DatasetWriter) -> "HubUploader | None":
+    repo_id = os.environ.get(env.OTEL_EXPORTER_HF_DATASET_REPO_ID, "").strip()
+    if not repo_id:
+        return None
+    try:
+        from opentelemetry.exporter.hf_dataset._hub import HubPusher, HubUploader, own_and_resumable
+
+        private = os.environ.get(env.OTEL_EXPORTER_HF_DATASET_PRIVATE, "1").strip().lower() not in (
+            "0", "false", "no", "off")
+        pusher = HubPusher(root, repo_id, manifests=own_and_resumable(root, [writer.manifest], True),
+                           private=private)
+        return HubUploader(pusher, start_now=True).start()
+    except Exception as exc:  # noqa: BLE001 - the app keeps running, data stays local
+        _logger.warning("hf_dataset exporter: Hub upload to %s disabled: %r", repo_id, exc)
+        return None
 
 
 _writers: dict[Path, SharedWriter] = {}
@@ -107,11 +137,11 @@ def release(shared: SharedWriter) -> None:
         if shared.users > 0:
             return
         _writers.pop(shared.root, None)
-    shared.run(lambda w: w.close())
+    shared.close()
 
 
 def _close(root: Path) -> None:
     with _writers_lock:
         shared = _writers.pop(root, None)
     if shared is not None:
-        shared.run(lambda w: w.close())
+        shared.close()

@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import re
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -100,11 +101,14 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a dot-prefixed temp file, fsync and rename."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp"
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     _fsync_dir(path.parent)
 
 
@@ -178,28 +182,82 @@ class _Segment:
 
 @dataclass
 class Manifest:
-    """Local record of the shards one writer sealed and which of them are uploaded."""
+    """Local record of the shards one writer sealed and which of them are uploaded.
+
+    ``shards`` maps a shard's path relative to the dataset root to ``{table, run_id, rank,
+    epoch, rows, sha256, sealed_at, uploaded}``; ``uploaded`` is ``None`` (pending
+    everywhere) or ``{repo_id: {"commit": oid, "at": time}}``. ``owner`` names the writer
+    process (pid, host) so other processes leave a live writer's manifest alone. The
+    writer thread and a Hub uploader thread of the same process share one object: every
+    read-modify-write holds :attr:`lock`.
+    """
 
     path: Path
     shards: dict[str, dict[str, Any]] = field(default_factory=dict)
+    owner: dict[str, Any] | None = None
+    lock: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)
+
+    @property
+    def key(self) -> str:
+        """The writer key (``<run_id>`` or ``<run_id>-rank-NNNNN``)."""
+        return self.path.stem
 
     @classmethod
     def load(cls, path: Path) -> "Manifest":
         try:
             data = json.loads(path.read_text())
-            return cls(path, dict(data.get("shards", {})))
+            return cls(path, dict(data.get("shards", {})), data.get("owner"))
         except FileNotFoundError:
             return cls(path)
         except (OSError, ValueError) as exc:
             _logger.warning("manifest %s is unreadable (%s); starting a new one", path, exc)
             return cls(path)
 
-    def save(self) -> None:
-        payload = {"version": 1, "shards": self.shards}
-        atomic_write_bytes(self.path, json.dumps(payload, indent=1, sort_keys=True).encode())
+    def payload(self) -> dict[str, Any]:
+        with self.lock:
+            return {"version": 1, "owner": self.owner,
+                    "shards": {k: dict(v) for k, v in self.shards.items()}}
 
-    def pending(self) -> list[str]:
-        return sorted(p for p, info in self.shards.items() if not info.get("uploaded"))
+    def save(self) -> None:
+        # The lock spans the write so that two threads never replace a newer file with an
+        # older snapshot.
+        with self.lock:
+            atomic_write_bytes(self.path, json.dumps(self.payload(), indent=1, sort_keys=True).encode())
+
+    def record(self, rel: str, info: dict[str, Any]) -> None:
+        """Add or replace the entry of a (re)sealed shard; it is pending again."""
+        with self.lock:
+            self.shards[rel] = info
+
+    def pending(self, repo_id: str | None = None) -> list[str]:
+        """Shards not uploaded to ``repo_id`` (to any repo when ``None``), sorted."""
+        with self.lock:
+            return sorted(p for p, info in self.shards.items()
+                          if not info.get("uploaded")
+                          or (repo_id is not None and repo_id not in info["uploaded"]))
+
+    def mark_uploaded(self, shas: dict[str, str], repo_id: str, commit: str | None) -> int:
+        """Mark shards uploaded to ``repo_id`` by ``commit``; a shard whose sha256 changed
+        since (a rewritten file) stays pending. Returns how many were marked."""
+        marked = 0
+        with self.lock:
+            for rel, sha in shas.items():
+                info = self.shards.get(rel)
+                if info is None or info.get("sha256") != sha:
+                    continue
+                uploaded = dict(info.get("uploaded") or {})
+                uploaded[repo_id] = {"commit": commit, "at": time.time()}
+                info["uploaded"] = uploaded
+                marked += 1
+        return marked
+
+    def is_live(self) -> bool:
+        """Whether the writer process that owns this manifest still runs on this host."""
+        owner = self.owner or {}
+        pid, host = owner.get("pid"), owner.get("host")
+        if not isinstance(pid, int) or host != socket.gethostname():
+            return False
+        return pid != os.getpid() and _pid_alive(pid)
 
 
 def load_manifests(root: Path) -> list[Manifest]:
@@ -234,10 +292,12 @@ class DatasetWriter:
         self.card_tags = tuple(card_tags)
         self._schemas: dict[str, pa.Schema] = {}
         self._segments: dict[str, _Segment] = {}
+        self._retired: list[tuple[str, _Segment]] = []  # segments whose write failed
         self._seq = 0
         key = writer_key(run_id, rank)
         self._wal_dir = self.root / STATE_DIR / "wal" / key
         self.manifest = Manifest.load(self.root / STATE_DIR / "manifests" / f"{key}.json")
+        self.manifest.owner = {"pid": os.getpid(), "host": socket.gethostname()}
         self.rows_written: dict[str, int] = {}
 
     # -- schema ---------------------------------------------------------------------------
@@ -265,11 +325,17 @@ class DatasetWriter:
             seg = None
         if seg is None:
             seg = self._open_segment(table, epoch, schema)
-        for rb in data.to_batches():
-            seg.writer.write_batch(rb)
-        seg.file.flush()
-        if self.fsync == "always":
-            os.fsync(seg.file.fileno())
+        try:
+            for rb in data.to_batches():
+                seg.writer.write_batch(rb)
+            seg.file.flush()
+            if self.fsync == "always":
+                os.fsync(seg.file.fileno())
+        except OSError:
+            # A failed write (disk full) may leave a torn batch: retire the segment; its
+            # whole batches are sealed later and the next write opens a fresh segment.
+            self._retire(table, seg)
+            raise
         seg.rows += data.num_rows
         self.rows_written[table] = self.rows_written.get(table, 0) + data.num_rows
 
@@ -278,15 +344,38 @@ class DatasetWriter:
         self._seq += 1
         path = self._wal_dir / f"{table}.e{epoch:05d}.{os.getpid()}.{self._seq:06d}.arrows"
         fh = open(path, "wb")
-        writer = ipc.new_stream(fh, schema)
-        fh.flush()
+        try:
+            writer = ipc.new_stream(fh, schema)
+            fh.flush()
+        except (OSError, pa.ArrowException):
+            try:
+                fh.close()
+            except OSError:
+                pass
+            path.unlink(missing_ok=True)
+            raise
         seg = _Segment(path, epoch, fh, writer)
         self._segments[table] = seg
         return seg
 
+    def _retire(self, table: str, seg: _Segment) -> None:
+        self._segments.pop(table, None)
+        try:
+            seg.file.close()
+        except OSError:
+            pass  # the unwritten tail is lost; what reached the file is read back at seal
+        self._retired.append((table, seg))
+
     def seal(self) -> list[Path]:
         """Seal every open WAL segment into a Parquet shard; returns the new shard paths."""
         sealed = []
+        while self._retired:
+            table, seg = self._retired[0]
+            path = seal_segment_file(self.root, seg.path, table, self.run_id, self.rank,
+                                     seg.epoch, self._schemas.get(table), self.manifest)
+            self._retired.pop(0)
+            if path is not None:
+                sealed.append(path)
         for table, seg in list(self._segments.items()):
             path = self._seal_segment(table, seg)
             if path is not None:
@@ -299,13 +388,22 @@ class DatasetWriter:
     def _seal_segment(self, table: str, seg: _Segment) -> Path | None:
         self._segments.pop(table, None)
         try:
-            seg.writer.close()
-        finally:
+            seg.writer.close()  # the end-of-stream marker is optional for readers
             seg.file.flush()
             os.fsync(seg.file.fileno())
-            seg.file.close()
-        path = seal_segment_file(self.root, seg.path, table, self.run_id, self.rank, seg.epoch,
-                                 self._schemas.get(table), self.manifest)
+        except OSError:
+            pass
+        finally:
+            try:
+                seg.file.close()
+            except OSError:
+                pass
+        try:
+            path = seal_segment_file(self.root, seg.path, table, self.run_id, self.rank,
+                                     seg.epoch, self._schemas.get(table), self.manifest)
+        except OSError:
+            self._retired.append((table, seg))  # sealed again at the next seal()
+            raise
         self.manifest.save()
         return path
 
@@ -316,11 +414,11 @@ class DatasetWriter:
         path = shard_dir(self.root, table, self.run_id, self.rank) / f"{name}.parquet"
         write_parquet_atomic(conform(data, schema), path)
         rel = path.relative_to(self.root).as_posix()
-        self.manifest.shards[rel] = {
+        self.manifest.record(rel, {
             "table": table, "run_id": self.run_id, "rank": self.rank, "epoch": None,
             "rows": data.num_rows, "sha256": sha256_file(path), "sealed_at": time.time(),
             "uploaded": None,
-        }
+        })
         self.manifest.save()
         return path
 
@@ -367,10 +465,10 @@ def seal_segment_file(
         path = _next_shard_path(shard_dir(root, table, run_id, rank), epoch)
         write_parquet_atomic(data, path)
         rel = path.relative_to(root).as_posix()
-        manifest.shards[rel] = {
+        manifest.record(rel, {
             "table": table, "run_id": run_id, "rank": rank, "epoch": epoch, "rows": rows,
             "sha256": sha256_file(path), "sealed_at": time.time(), "uploaded": None,
-        }
+        })
     segment.unlink(missing_ok=True)
     return path
 

@@ -44,3 +44,37 @@ OTEL_EXPORTER_HF_DATASET_REPO_ID = "OTEL_EXPORTER_HF_DATASET_REPO_ID"
 
 Hub dataset repo (``user/name``) that sealed shards are pushed to; unset = local only.
 """
+
+OTEL_EXPORTER_HF_DATASET_PRIVATE = "OTEL_EXPORTER_HF_DATASET_PRIVATE"
+"""
+.. envvar:: OTEL_EXPORTER_HF_DATASET_PRIVATE
+
+Create the Hub repo private (``1``, default) or public (``0``). An existing repo keeps its
+visibility.
+"""
+
+OTEL_EXPORTER_HF_DATASET_COMMIT_INTERVAL = "OTEL_EXPORTER_HF_DATASET_COMMIT_INTERVAL"
+"""
+.. envvar:: OTEL_EXPORTER_HF_DATASET_COMMIT_INTERVAL
+
+Least seconds between two background commits to the Hub (default ``60``): seals that come
+faster are gathered into one commit, which keeps a repo under the Hub's commit rate limit
+(about 128 commits per hour). The final commit at exit does not wait.
+"""
+
+OTEL_EXPORTER_HF_DATASET_FLUSH_TIMEOUT = "OTEL_EXPORTER_HF_DATASET_FLUSH_TIMEOUT"
+"""
+.. envvar:: OTEL_EXPORTER_HF_DATASET_FLUSH_TIMEOUT
+
+Seconds the process waits at exit for the last commit (default ``20``). Shards not pushed
+by then stay pending in the local manifest: the next process on the same dataset pushes
+them, or ``observers push``.
+"""
+
+OTEL_EXPORTER_HF_DATASET_HTTP_TIMEOUT = "OTEL_EXPORTER_HF_DATASET_HTTP_TIMEOUT"
+"""
+.. envvar:: OTEL_EXPORTER_HF_DATASET_HTTP_TIMEOUT
+
+Timeout in seconds of each Hub request made while pushing (default ``60``). It is given to
+``huggingface_hub``'s shared HTTP client only when that client has no timeout at all.
+"""
