@@ -7,6 +7,10 @@ the intended learning rate and once with one 100x smaller, both recorded by a re
 
 from __future__ import annotations
 
+import atexit
+import functools
+import shutil
+import tempfile
 from pathlib import Path
 
 import torch
@@ -41,8 +45,19 @@ def train_run(root: Path, name: str, lr: float, *, dataset: str = DATASET, epoch
     return losses
 
 
-def record_lr_runs(root: Path, **options) -> Path:
-    """Two runs in one dataset: ``v1`` (lr 0.1) and ``v2`` (lr 0.001). Returns the dataset folder."""
-    train_run(root, "v1", 0.1, **options)
-    train_run(root, "v2", 0.001, **options)
-    return root / options.get("dataset", DATASET)
+def record_lr_runs(root: Path, **options) -> tuple[Path, dict[str, list[float]]]:
+    """Two runs in one dataset: ``v1`` (lr 0.1) and ``v2`` (lr 0.001).
+
+    Returns the dataset folder and the losses each training loop saw.
+    """
+    losses = {"v1": train_run(root, "v1", 0.1, **options),
+              "v2": train_run(root, "v2", 0.001, **options)}
+    return root / options.get("dataset", DATASET), losses
+
+
+@functools.lru_cache(maxsize=None)
+def shared_lr_runs() -> tuple[Path, dict[str, list[float]]]:
+    """``record_lr_runs`` once per test process (read-only for the tests that share it)."""
+    root = Path(tempfile.mkdtemp(prefix="observers-lr-runs-"))
+    atexit.register(shutil.rmtree, root, True)
+    return record_lr_runs(root)

@@ -30,15 +30,70 @@ _KNOWN = {
     "micro_batches": ("micro-batches per step", ""),
 }
 
-# Short names accepted for system metrics (the system table may use OTel hardware names).
+# Short names accepted for system metrics when observers.metric_names is not available.
 SYSTEM_ALIASES = {
-    "gpu_util": ("gpu_util", "gpu.utilization", "hw.gpu.utilization", "gpu_utilization"),
-    "gpu_memory": ("gpu_memory", "hw.gpu.memory.usage", "gpu.memory.used", "gpu_memory_used"),
-    "gpu_power": ("gpu_power", "hw.power", "gpu.power"),
-    "gpu_temp": ("gpu_temp", "hw.temperature", "gpu.temperature"),
-    "cpu_util": ("cpu_util", "cpu_percent", "system.cpu.utilization", "process.cpu.utilization"),
-    "memory": ("memory", "system.memory.usage", "process.memory.usage", "rss"),
+    "gpu_util": ("gpu_util", "hw.gpu.utilization"),
+    "gpu_mem": ("gpu_mem", "gpu_memory", "hw.gpu.memory.usage"),
+    "gpu_power": ("gpu_power", "hw.power"),
+    "gpu_temp": ("gpu_temp", "hw.temperature"),
+    "cpu_util": ("cpu_util", "system.cpu.utilization"),
+    "proc_rss": ("proc_rss", "process.memory.usage", "rss"),
 }
+
+# Panels plot_system shows first, when present.
+SYSTEM_PREFERRED = ("gpu_util", "gpu_mem", "gpu_power", "gpu_temp", "torch_mem_allocated",
+                    "torch_mem_reserved", "gpu_proc_mem", "cpu_util", "proc_cpu_util", "mem_used",
+                    "proc_rss", "child_cpu_util", "disk_read", "net_recv")
+
+
+def _system_metric(name: str):
+    """The :class:`observers.metric_names.SystemMetric` of a short or OTel name, if known."""
+    try:
+        from observers import metric_names
+    except ImportError:  # pragma: no cover - table not installed
+        return None
+    short = metric_names.canonical(name) if hasattr(metric_names, "canonical") else None
+    return metric_names.SYSTEM_METRICS.get(short or name)
+
+
+def system_aliases(name: str) -> tuple[str, ...]:
+    """Every spelling of a system metric (short name first)."""
+    info = _system_metric(name)
+    if info is not None:
+        return (info.name, name)
+    for short, names in SYSTEM_ALIASES.items():
+        if name in names:
+            return names
+    return (name,)
+
+
+def display_values(name: str, values: np.ndarray) -> tuple[np.ndarray, str]:
+    """Values of a system metric in a readable unit: fractions as %, bytes as GiB/MiB, Hz as MHz."""
+    values = np.asarray(values, dtype=float)
+    info = _system_metric(name)
+    unit = (info.table_unit or info.unit) if info is not None else metric_unit(name)
+    peak = float(np.nanmax(np.abs(values))) if values.size and np.isfinite(values).any() else 0.0
+    if unit == "1" and ("util" in name or name.endswith(("_ratio", "_fan"))):
+        return values * 100.0, "%"
+    if unit in ("By", "bytes"):
+        return (values / 2**30, "GiB") if peak >= 2**30 else (values / 2**20, "MiB")
+    if unit == "By/s":
+        return values / 2**20, "MiB/s"
+    if unit == "Hz":
+        return values / 1e6, "MHz"
+    if unit == "Cel":
+        return values, "°C"
+    if unit.startswith("{") and unit.endswith("}"):
+        return values, unit[1:-1].replace("_", " ") + "s"
+    return values, "" if unit == "1" else unit
+
+
+def system_title(name: str) -> str:
+    info = _system_metric(name)
+    if info is not None and info.description:
+        return f"{info.description} [{info.name}]"
+    return name
+
 
 HIGHER_IS_BETTER = re.compile(r"(acc|accuracy|f1|auc|precision|recall|score|throughput|reward|bleu|rouge)",
                               re.I)

@@ -331,12 +331,15 @@ class Comparison:
                 suffix = group[len("learning rate seen"):]
                 opt_b, opt_v = (val("optimizer lr", base), val("optimizer lr", run)) if i == 0 else (None, None)
                 seen_b, seen_v = val(f"{group}: peak", base), val(f"{group}: peak", run)
-                parts, ratios = [], []
+                parts, ratios, same = [], [], ""
                 if opt_b and opt_v:
-                    parts.append(f"optimizer lr {fmt_number(opt_v)} vs {fmt_number(opt_b)}")
+                    if np.isclose(opt_v, opt_b, rtol=1e-9, atol=0):
+                        same = f" (optimizer lr {fmt_number(opt_b)} in both: the schedule differs)"
+                    else:
+                        parts.append(f"optimizer lr {fmt_number(opt_v)} vs {fmt_number(opt_b)}")
                     ratios.append(opt_v / opt_b)
                 if seen_b and seen_v:
-                    parts.append(f"peak learning rate seen {fmt_number(seen_v)} vs {fmt_number(seen_b)}")
+                    parts.append(f"peak learning rate seen {fmt_number(seen_v)} vs {fmt_number(seen_b)}" + same)
                     ratios.append(seen_v / seen_b)
                 flagged = [r for r in ratios if max(r, 1 / r) >= self.flag_factor]
                 if not flagged:
@@ -421,8 +424,13 @@ class Comparison:
             if len(common) < 2:
                 continue
             x, y = b[common], s[common]
-            gap = (y - x).abs() / np.minimum(x.abs(), y.abs()).replace(0, np.nan)
-            wide = (gap > self.divergence).to_numpy()
+            # separated: apart by `divergence` relative to the smaller value AND to the range
+            # both curves cover (so two converged runs at 0.01 vs 0.02 are not "diverging")
+            both = pd.concat([x, y])
+            span = float(both.max() - both.min()) or 1.0
+            gap = (y - x).abs()
+            rel = gap / np.minimum(x.abs(), y.abs()).replace(0, np.nan)
+            wide = ((rel > self.divergence) & (gap / span > self.divergence)).to_numpy()
             if not wide[-1]:
                 continue
             last_ok = np.flatnonzero(~wide)

@@ -228,8 +228,8 @@ class RunSet:
 
     Example::
 
-        from observers.visualize import load_dataset
-        ds = load_dataset("./observers/my-experiment")
+        from observers import visualize
+        ds = visualize.load_dataset("./observers/my-experiment")
         ds.runs[["name", "status", "steps", "optimizer"]]
         ds["v2"].metrics()[["loss", "learning_rate"]].plot()
     """

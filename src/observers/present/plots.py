@@ -14,7 +14,8 @@ import pandas as pd
 from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
 
-from observers.present._style import SYSTEM_ALIASES, axis_label, metric_label, metric_unit, set_log_scale, wants_log
+from observers.present._style import (SYSTEM_PREFERRED, display_values, metric_label, metric_unit, set_log_scale,
+                                      system_aliases, system_title, wants_log)
 from observers.present.dataset import RunSet
 
 _LAYER_AGG = {"nan_count": "sum", "inf_count": "sum", "numel": "sum", "min": "min", "max": "max"}
@@ -34,13 +35,22 @@ def _selected(ds: RunSet, run: str | Sequence[str] | None) -> RunSet:
     return ds.select(*([run] if isinstance(run, str) else run))
 
 
-def _system_series(ds: RunSet, rid: str, metric: str, x: str) -> list[tuple[str, pd.Series]]:
-    """System metric samples of a run, one series per device, indexed by ``x``."""
+def _system_name(ds: RunSet, metric: str) -> str | None:
+    """The ``system`` table's spelling of a metric (short or OTel name), if present."""
     system = ds.system
     if system.empty:
+        return None
+    present = set(system["name"].dropna().unique())
+    return next((n for n in system_aliases(metric) if n in present), None)
+
+
+def _system_series(ds: RunSet, rid: str, metric: str, x: str) -> list[tuple[str, pd.Series]]:
+    """System metric samples of a run, one series per device, indexed by ``x`` (raw units)."""
+    name = _system_name(ds, metric)
+    if name is None:
         return []
-    names = SYSTEM_ALIASES.get(metric, (metric,))
-    rows = system[(system["run_id"] == rid) & system["name"].isin(names)]
+    system = ds.system
+    rows = system[(system["run_id"] == rid) & (system["name"] == name)]
     if rows.empty:
         return []
     out = []
@@ -82,11 +92,36 @@ def _scalar_series(ds: RunSet, rid: str, metric: str, x: str) -> pd.Series | Non
 
 
 def metric_series(ds: RunSet, rid: str, metric: str, x: str = "step") -> list[tuple[str, pd.Series]]:
-    """``[(suffix, series)]`` of a scalar (one series) or a system metric (one per device)."""
+    """``[(suffix, series)]`` of a scalar (one series) or a system metric (one per device).
+
+    System metrics come in display units (utilization in %, memory in GiB/MiB ...).
+    """
     s = _scalar_series(ds, rid, metric, x)
     if s is not None:
         return [("", s)]
-    return _system_series(ds, rid, metric, x)
+    out = []
+    for device, series in _system_series(ds, rid, metric, x):
+        values, _ = display_values(_system_name(ds, metric) or metric, series.to_numpy())
+        out.append((device, pd.Series(values, index=series.index)))
+    return out
+
+
+def _unit(ds: RunSet, metric: str) -> str:
+    if metric in set(ds.metric_names):
+        return metric_unit(metric)
+    name = _system_name(ds, metric)
+    if name is None:
+        return ""
+    values = ds.system.loc[ds.system["name"] == name, "value"].to_numpy(dtype=float)
+    return display_values(name, values)[1]
+
+
+def _axis_label(ds: RunSet, metrics: Sequence[str]) -> str:
+    units = {_unit(ds, m) for m in metrics}
+    text = ", ".join(metric_label(m, with_unit=False) for m in metrics)
+    if len(units) == 1 and (unit := units.pop()):
+        text += f" ({unit})"
+    return text
 
 
 def _available(ds: RunSet) -> list[str]:
@@ -160,7 +195,7 @@ def plot_metrics(ds: RunSet | str, left_metrics: Sequence[str] = ("loss",),
     colors: dict[tuple[str, str], str] = {}
     drawn = _draw(ax, ds, left, x, smooth_window, "-", colors, multi)
     ax.set_xlabel("step" if x == "step" else "time since start (s)")
-    ax.set_ylabel(axis_label(left))
+    ax.set_ylabel(_axis_label(ds, left))
     if log_left if log_left is not None else wants_log(drawn):
         set_log_scale(ax)
     ax.grid(True, alpha=0.3)
@@ -168,7 +203,9 @@ def plot_metrics(ds: RunSet | str, left_metrics: Sequence[str] = ("loss",),
     if right:
         ax2 = ax.twinx()
         drawn2 = _draw(ax2, ds, right, x, None, "--", colors, multi)
-        ax2.set_ylabel(axis_label(right))
+        ax2.set_ylabel(_axis_label(ds, right))
+        if {_unit(ds, m) for m in right} == {"%"}:
+            ax2.set_ylim(0, max(100.0, ax2.get_ylim()[1]))
         if log_right if log_right is not None else wants_log(drawn2):
             set_log_scale(ax2)
         h2, l2 = ax2.get_legend_handles_labels()
@@ -253,13 +290,6 @@ def plot_layers(ds: RunSet | str, stat: str = "l2_norm", kind: str | None = None
     return fig
 
 
-def _scale_bytes(values: np.ndarray, name: str) -> tuple[np.ndarray, str]:
-    unit = metric_unit(name)
-    if unit == "bytes" and np.nanmax(np.abs(values), initial=0) > 2**20:
-        return values / 2**30, "GiB"
-    return values, unit
-
-
 def plot_system(ds: RunSet | str, metrics: Sequence[str] | None = None, *, run: str | None = None,
                 max_panels: int = 8, title: str | None = None) -> Figure:
     """System metrics (GPU, CPU, memory) over time: one panel per metric, one line per device.
@@ -281,28 +311,32 @@ def plot_system(ds: RunSet | str, metrics: Sequence[str] | None = None, *, run: 
         raise ValueError(f"no system metrics in {ds.source} (the system table is empty or absent)")
     present = list(dict.fromkeys(system["name"].dropna().tolist()))
     if metrics is None:
-        preferred = [n for n in present if "gpu" in n.lower()] + [n for n in present if "gpu" not in n.lower()]
-        metrics = preferred[:max_panels]
+        informative = [n for n in present if system.loc[system["name"] == n, "value"].nunique() > 1]
+        ordered = [n for n in SYSTEM_PREFERRED if n in informative]
+        ordered += [n for n in informative if n not in ordered]
+        metrics = ordered[:max_panels] or present[:max_panels]
     resolved = []
     for m in metrics:
-        names = [n for n in SYSTEM_ALIASES.get(m, (m,)) if n in present]
-        if not names:
+        name = _system_name(ds, m)
+        if name is None:
             raise ValueError(f"system metric {m!r} not found; available: {', '.join(present)}")
-        resolved.append(names[0])
+        resolved.append(name)
     cols = 2 if len(resolved) > 1 else 1
     rows = (len(resolved) + cols - 1) // cols
     fig = Figure(figsize=(6.0 * cols, 2.8 * rows + 0.6), layout="constrained")
     axes = fig.subplots(rows, cols, squeeze=False, sharex=True).ravel()
     multi = len(ds.run_ids) > 1
     for ax, name in zip(axes, resolved):
-        unit = metric_unit(name)
+        unit = ""
         for rid in ds.run_ids:
             for device, s in _system_series(ds, rid, name, "time"):
-                values, unit = _scale_bytes(s.to_numpy(dtype=float), name)
+                values, unit = display_values(name, s.to_numpy(dtype=float))
                 label = " · ".join(p for p in ((ds.labels[rid] if multi else ""), device) if p) or name
                 ax.plot(s.index, values, linewidth=1.4, label=label, marker="o" if len(s) < 40 else None,
                         markersize=3)
-        ax.set_title(metric_label(name, with_unit=False), fontsize="medium")
+        if unit == "%":
+            ax.set_ylim(0, max(100.0, ax.get_ylim()[1]))
+        ax.set_title(system_title(name), fontsize="medium")
         ax.set_ylabel(unit or "value")
         ax.grid(True, alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
