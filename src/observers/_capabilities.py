@@ -7,3 +7,4 @@ factory to :data:`observers.run.COMPONENT_FACTORIES` when imported.
 from observers.export import otel_tables  # noqa: F401,E402 - per-layer (opt-in) and alert OTel metrics (issue 6)
 from observers import integrations  # noqa: F401,E402 - Trainer/Lightning callbacks, AMP GradScaler (issue 10)
 from observers.export import hub_upload  # noqa: F401,E402 - background push to the Hub (issue 4)
+from observers.capture import system  # noqa: F401,E402 - GPU and host sampler (issue 5)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from observers import environment_variables as env
+from observers.metric_names import aliases
 
 
 class ConfigError(ValueError):
@@ -45,6 +46,16 @@ def _parse_interval(name: str, raw: Any) -> int:
         raise ConfigError(f"{name} must be a positive integer, got {raw!r}") from None
     if isinstance(value, bool) or value < 1:
         raise ConfigError(f"{name} must be a positive integer, got {raw!r}")
+    return value
+
+
+def _parse_seconds(name: str, raw: Any) -> float:
+    try:
+        value = float(str(raw).strip()) if not isinstance(raw, (int, float)) or isinstance(raw, bool) else float(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a number of seconds > 0, got {raw!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise ConfigError(f"{name} must be a number of seconds > 0, got {raw!r}")
     return value
 
 
@@ -143,6 +154,7 @@ class ObserversConfig:
     run_name: str | None = None
     otlp_layers: int | tuple[str, ...] = 0
     private: bool = True
+    system_interval: float = 5.0
 
     @property
     def dataset_dir(self) -> Path:
@@ -154,10 +166,15 @@ class ObserversConfig:
         return self.dataset_name if "/" in self.dataset_name else None
 
     def wants(self, metric: str) -> bool:
-        """Whether ``metric`` passes the ``metrics`` filter (names or globs)."""
+        """Whether ``metric`` passes the ``metrics`` filter (names or globs).
+
+        Any spelling of a metric matches (``gpu_util``, ``hw.gpu.utilization``, the group
+        ``gpu``...; see :func:`observers.metric_names.aliases`).
+        """
         if self.metrics is None:
             return True
-        return any(metric == pat or fnmatch.fnmatchcase(metric, pat) for pat in self.metrics)
+        return any(name == pat or fnmatch.fnmatchcase(name, pat)
+                   for name in aliases(metric) for pat in self.metrics)
 
     def to_json(self) -> str:
         data = dataclasses.asdict(self)
@@ -210,4 +227,6 @@ class ObserversConfig:
             values["run_name"] = str(got[1])
         if (got := pick("otlp_layers", env.OBSERVERS_OTLP_LAYERS)) is not None:
             values["otlp_layers"] = _parse_otlp_layers(*got)
+        if (got := pick("system_interval", env.OBSERVERS_SYSTEM_INTERVAL)) is not None:
+            values["system_interval"] = _parse_seconds(*got)
         return cls(**values)

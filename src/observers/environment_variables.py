@@ -93,3 +93,20 @@ OBSERVERS_OTLP_LAYERS = "OBSERVERS_OTLP_LAYERS"
 ``0``/``off`` (default), ``1``/``on`` (the first 32 layers), a number of layers ``N``, or
 comma-separated layer-name globs (``encoder.*,fc*``); never more than 256 layers.
 """
+
+OBSERVERS_SYSTEM_INTERVAL = "OBSERVERS_SYSTEM_INTERVAL"
+"""
+.. envvar:: OBSERVERS_SYSTEM_INTERVAL
+
+``system_interval``: seconds between GPU and host samples of the background sampler
+(default ``5``; every run also gets a sample at its start and one at its end).
+"""
+
+OBSERVERS_NVML_MODULE = "OBSERVERS_NVML_MODULE"
+"""
+.. envvar:: OBSERVERS_NVML_MODULE
+
+Testing hook: the importable name of the module used in place of ``pynvml``
+(nvidia-ml-py), e.g. ``tests.fakes.fake_pynvml`` to get GPU telemetry on a machine
+without a GPU. Not meant for production use.
+"""

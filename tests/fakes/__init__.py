@@ -1,0 +1,1 @@
+"""Fakes of hardware libraries that tests (and test subprocesses) can import."""
