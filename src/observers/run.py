@@ -234,6 +234,8 @@ class Run:
         try:
             if self.buffer.row()[sb.N_BWD] > 0:
                 self._close_step(time.perf_counter_ns())
+            if self._epoch_end_pending is not None:
+                self._end_pending_epoch(self._epoch_end_pending[1])
             self._drain()
         except Exception as exc:  # noqa: BLE001
             _logger.warning("observers: could not drain the last steps: %r", exc)
@@ -252,6 +254,7 @@ class Run:
     def commit(self) -> None:
         """Explicit epoch boundary: seal this epoch's shards and start the next epoch."""
         self._auto_epochs = False
+        self._epoch_end_pending = None
         if not self.started:
             self.start()
         if self.buffer.row()[sb.N_BWD] > 0 and self._opt_mode is False:
@@ -263,6 +266,8 @@ class Run:
     # -- loop events (training thread) -------------------------------------------------
     def on_batch(self, iteration: int, batch: Any, t0: int, t1: int) -> None:
         self.start()
+        if self._epoch_end_pending is not None and iteration != self._train_iteration:
+            self._end_pending_epoch(self._epoch_end_pending[1])  # the exhausted loader's batches are all used
         self._maybe_drain()
         row = self.buffer.row()
         if iteration != self._step_iteration:
@@ -282,7 +287,10 @@ class Run:
     def on_data_exhausted(self, iteration: int) -> None:
         if self.started and self._auto_epochs and iteration == self._train_iteration and not self._train_exhausted:
             self._train_exhausted = True
-            self._end_epoch()
+            # A prefetching wrapper (Accelerate, Lightning) exhausts the loader while its last batch
+            # is still to be trained on: the epoch ends after the step open now, or at the first
+            # batch of another iteration, whichever comes first.
+            self._epoch_end_pending = (self.step, time.time_ns())
 
     def on_backward_start(self, tensors: Any, t0: int) -> None:
         self.start()
@@ -378,6 +386,7 @@ class Run:
     def follow_epochs(self, source: str) -> None:
         """From now on epochs end only by :meth:`commit` (a framework integration calls it)."""
         self._auto_epochs = False
+        self._epoch_end_pending = None
         self.info["epochs_from"] = source
 
     def on_exception(self, exc: BaseException) -> None:
@@ -419,8 +428,15 @@ class Run:
         self._open_step(t1)
         if self.buffer.full:
             self._drain()
+        if self._epoch_end_pending is not None and self.step > self._epoch_end_pending[0]:
+            self._end_pending_epoch(None)
 
     _last_closed_sampled = False
+    _epoch_end_pending: tuple[int, int] | None = None  # (step open at exhaustion, time.time_ns() then)
+
+    def _end_pending_epoch(self, end_ns: int | None) -> None:
+        self._epoch_end_pending = None
+        self._end_epoch(end_ns)
     _last_closed_epoch = 0
 
     def _maybe_drain(self) -> None:
@@ -436,18 +452,18 @@ class Run:
             self.pipeline.put("call", lambda: self._consume(batch, epoch))
         self._call("on_drain", self, epoch)
 
-    def _end_epoch(self) -> None:
+    def _end_epoch(self, end_ns: int | None = None) -> None:
         self._drain()
         self._call("on_epoch_end", self, self.epoch)
-        self._end_epoch_signals()
+        self._end_epoch_signals(end_ns)
         epoch = self.epoch
         self.pipeline.put("call", lambda: self._flush_spans(epoch))
         if self.epoch == 0:
             self._write_run_row("running")
         self.pipeline.put("seal", self.epoch)
 
-    def _end_epoch_signals(self) -> None:
-        end_ns = time.time_ns()
+    def _end_epoch_signals(self, end_ns: int | None = None) -> None:
+        end_ns = end_ns or time.time_ns()
         self.pipeline.put("call", lambda: self.otel.end_epoch(end_ns))
 
     # -- exporter-thread work -------------------------------------------------------------
