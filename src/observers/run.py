@@ -578,6 +578,7 @@ class Run:
     def _find_model(self, module: torch.nn.Module, args: Any) -> None:
         if not torch.is_grad_enabled():
             return
+        module = getattr(module, "_orig_mod", module)  # torch.compile's OptimizedModule: the user's model
         self.model_ref = weakref.ref(module)
         self.info["model_class"] = f"{type(module).__module__}.{type(module).__qualname__}"
         self.info["parameter_count"] = sum(p.numel() for p in module.parameters())
