@@ -29,6 +29,10 @@ binary_of() {
 	esac
 }
 
+mkdir -p "$CACHE"
+exec 9>"$CACHE/.lock"
+flock 9 # one installer at a time (parallel test sessions)
+
 missing=()
 for pkg in "${packages[@]}"; do
 	if [[ -x "$CACHE/$pkg/$(binary_of "$pkg")" ]]; then
