@@ -42,8 +42,9 @@ class SystemMetric:
     table_unit: str | None = None
     """Unit of the ``system`` table value when it differs from ``unit`` (rates)."""
     emitted_by: str = "observers"
-    """Who emits the OTel metric: ``observers``, or ``system_metrics`` (the contrib
-    ``opentelemetry-instrumentation-system-metrics``, whose names we alias)."""
+    """Who emits the OTel metric: ``observers``; ``system_metrics`` (the contrib
+    ``opentelemetry-instrumentation-system-metrics``, whose names and attributes are given
+    here); or ``dataset`` (nobody: the ``system`` table only, the OTel name is an alias)."""
 
 
 def _m(name: str, otel: str, unit: str, kind: str, group: str, description: str,
@@ -122,23 +123,23 @@ SYSTEM_METRICS: dict[str, SystemMetric] = {m.name: m for m in (
        "Allocations that had to free the cache and retry (a sign of memory pressure)"),
     # -- host (device = host) ----------------------------------------------------------------
     _m("cpu_util", "system.cpu.utilization", "1", "gauge", "host",
-       "Fraction of all CPUs busy", emitted_by=_SM),
+       "Fraction of all CPUs busy (OTel: per cpu and state)", emitted_by=_SM),
     _m("mem_util", "system.memory.utilization", "1", "gauge", "host",
-       "Fraction of host memory used", emitted_by=_SM, system__memory__state="used"),
+       "Fraction of host memory used", emitted_by=_SM, state="used"),
     _m("mem_used", "system.memory.usage", "By", "updowncounter", "host", "Host memory used",
-       emitted_by=_SM, system__memory__state="used"),
+       emitted_by=_SM, state="used"),
     _m("mem_total", "system.memory.limit", "By", "updowncounter", "host", "Host memory size",
-       emitted_by=_SM),
+       emitted_by="dataset"),
     _m("swap_util", "system.swap.utilization", "1", "gauge", "host", "Fraction of swap used",
-       emitted_by=_SM, system__paging__state="used"),
+       emitted_by=_SM, state="used"),
     _m("disk_read", "system.disk.io", "By", "counter", "host", "Bytes read from disks",
-       table_unit="By/s", emitted_by=_SM, disk__io__direction="read"),
+       table_unit="By/s", emitted_by=_SM, direction="read"),
     _m("disk_write", "system.disk.io", "By", "counter", "host", "Bytes written to disks",
-       table_unit="By/s", emitted_by=_SM, disk__io__direction="write"),
+       table_unit="By/s", emitted_by=_SM, direction="write"),
     _m("net_recv", "system.network.io", "By", "counter", "host", "Bytes received",
-       table_unit="By/s", emitted_by=_SM, network__io__direction="receive"),
+       table_unit="By/s", emitted_by=_SM, direction="receive"),
     _m("net_sent", "system.network.io", "By", "counter", "host", "Bytes sent",
-       table_unit="By/s", emitted_by=_SM, network__io__direction="transmit"),
+       table_unit="By/s", emitted_by=_SM, direction="transmit"),
     # -- this process and its children (device = process) -----------------------------------
     _m("proc_cpu_util", "process.cpu.utilization", "1", "gauge", "process",
        "CPU used by this process, as a fraction of all CPUs", emitted_by=_SM),

@@ -96,3 +96,11 @@ def test_system_interval_setting():
         with pytest.raises(ConfigError, match="OBSERVERS_SYSTEM_INTERVAL"):
             ObserversConfig.resolve(environ={"OBSERVERS_SYSTEM_INTERVAL": bad})
     ObserversConfig.resolve(environ={"OBSERVERS_NVML_MODULE": "x"})  # a known variable
+
+
+def test_docs_list_every_system_metric():
+    from pathlib import Path
+
+    doc = (Path(__file__).parents[2] / "docs" / "hardware.md").read_text()
+    for m in SYSTEM_METRICS.values():
+        assert f"| `{m.name}` |" in doc and f"`{m.otel}`" in doc, m.name

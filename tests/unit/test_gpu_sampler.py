@@ -223,3 +223,11 @@ def test_no_nvml_reasons(monkeypatch):
 def test_throttle_reason_names():
     assert gpu.throttle_reasons(0) == []
     assert gpu.throttle_reasons(0x4 | 0x40) == ["sw_power_cap", "hw_thermal_slowdown"]
+
+
+def test_cuda_visible_devices_empty_means_no_gpu(monkeypatch):
+    monkeypatch.setenv("OBSERVERS_NVML_MODULE", "tests.fakes.fake_pynvml")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    fake.configure()
+    tel, why = gpu.GpuTelemetry.open({"gpu_util"})
+    assert tel is None and why == "CUDA_VISIBLE_DEVICES hides every GPU" and fake._refcount == 0

@@ -343,6 +343,8 @@ class GpuTelemetry:
     @classmethod
     def open(cls, wanted: set[str]) -> tuple["GpuTelemetry | None", str | None]:
         """NVML telemetry, or ``(None, why not)`` when there is no NVML or no GPU."""
+        if visible_devices() == []:
+            return None, "CUDA_VISIBLE_DEVICES hides every GPU"
         nvml, why = load_nvml()
         if nvml is None:
             return None, why

@@ -91,7 +91,7 @@ class SystemSampler:
         try:
             _register(self)
             host = HostReader(self.wanted)
-            if {n for n in self.wanted if SYSTEM_METRICS[n].emitted_by != "observers"}:
+            if {n for n in self.wanted if SYSTEM_METRICS[n].emitted_by == "system_metrics"}:
                 ensure_system_metrics()
             if self._gpu_wanted:
                 self.gpu, why = gpu_mod.GpuTelemetry.open(self._gpu_wanted)
@@ -183,6 +183,8 @@ class SystemComponent(Component):
 def system_component(run: Run) -> SystemComponent | None:
     """Factory: a sampler for every run that wants at least one system metric."""
     wanted = {name for name in SYSTEM_METRICS if run.config.wants(name)}
+    if run.world_size > 1 and run.local_rank != 0:  # one copy of the host-wide rows per host
+        wanted = {name for name in wanted if SYSTEM_METRICS[name].group != "host"}
     if not wanted:
         return None
     return SystemComponent(SystemSampler(run, run.config.system_interval, wanted))

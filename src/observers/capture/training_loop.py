@@ -35,6 +35,8 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from torch.utils.data import DataLoader
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
+from observers.process.alerts import AlertError
+
 _logger = logging.getLogger(__name__)
 
 
@@ -105,6 +107,8 @@ class TrainingLoopCapture:
             return
         try:
             getattr(self._listeners[-1], method)(*args)
+        except AlertError:
+            raise  # an alert rule's action="raise"/"stop": meant for the training loop
         except Exception as exc:  # noqa: BLE001 - telemetry never breaks training
             if method not in self._errors:
                 self._errors.add(method)
