@@ -12,8 +12,8 @@ from typing import Any
 from observers.config import ConfigError, ObserversConfig
 from observers.version import __version__
 
-__all__ = ["ConfigError", "Observation", "ObserversConfig", "TorchInstrumentor",
-           "__version__", "compare_experiments", "observe", "visualize"]
+__all__ = ["AlertError", "ConfigError", "Observation", "ObserversConfig", "TorchInstrumentor",
+           "TrainingStopped", "__version__", "compare_experiments", "observe", "visualize"]
 
 
 def __getattr__(name: str) -> Any:
@@ -31,4 +31,7 @@ def __getattr__(name: str) -> Any:
     if name == "compare_experiments":
         from observers.present.compare import compare_experiments
         return compare_experiments
+    if name in ("AlertError", "TrainingStopped"):
+        from observers.process import alerts
+        return getattr(alerts, name)
     raise AttributeError(f"module 'observers' has no attribute {name!r}")

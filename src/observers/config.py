@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import importlib
 import json
 import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from observers import environment_variables as env
 from observers.metric_names import aliases
@@ -101,6 +102,28 @@ def _parse_rules(name: str, raw: Any) -> dict[str, Any]:
     return data
 
 
+def _parse_callback(name: str, raw: Any) -> Callable[[Any], Any]:
+    """A callable, or ``"package.module:function"`` naming one."""
+    if callable(raw):
+        return raw
+    module, _, attr = str(raw).strip().partition(":")
+    if not module or not attr:
+        raise ConfigError(f"{name} must be a callable or 'package.module:function', got {raw!r}")
+    try:
+        fn = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"{name}: cannot import {raw!r}: {exc}") from None
+    if not callable(fn):
+        raise ConfigError(f"{name}: {raw!r} is not callable")
+    return fn
+
+
+def _callable_name(fn: Any) -> str | None:
+    if fn is None:
+        return None
+    return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', type(fn).__name__)}"
+
+
 DEFAULT_OTLP_LAYERS = 32
 """Layers whose per-layer series go over OTLP when ``otlp_layers`` is simply switched on."""
 
@@ -151,6 +174,7 @@ class ObserversConfig:
     resume_upload: bool = True
     distributed: bool | None = None
     alert_rules: Mapping[str, Any] = field(default_factory=dict)
+    alert_callback: Callable[[Any], Any] | None = None
     run_name: str | None = None
     otlp_layers: int | tuple[str, ...] = 0
     private: bool = True
@@ -177,7 +201,8 @@ class ObserversConfig:
                    for name in aliases(metric) for pat in self.metrics)
 
     def to_json(self) -> str:
-        data = dataclasses.asdict(self)
+        data = dataclasses.asdict(dataclasses.replace(self, alert_callback=None))
+        data["alert_callback"] = _callable_name(self.alert_callback)
         data["local_dir"] = str(self.local_dir)
         return json.dumps(data, default=str, sort_keys=True)
 
@@ -223,6 +248,11 @@ class ObserversConfig:
             values["distributed"] = None if str(got[1]).lower() == "auto" else _parse_bool(*got)
         if (got := pick("alert_rules", env.OBSERVERS_ALERT_RULES)) is not None:
             values["alert_rules"] = _parse_rules(*got)
+        from observers.process.alerts import parse_alert_rules  # validates; names a bad rule
+
+        parse_alert_rules(values.get("alert_rules"), got[0] if got else "alert_rules")
+        if (got := pick("alert_callback", env.OBSERVERS_ALERT_CALLBACK)) is not None:
+            values["alert_callback"] = _parse_callback(*got)
         if (got := pick("run_name", env.OBSERVERS_RUN_NAME)) is not None:
             values["run_name"] = str(got[1])
         if (got := pick("otlp_layers", env.OBSERVERS_OTLP_LAYERS)) is not None:

@@ -78,6 +78,14 @@ OBSERVERS_PRIVATE = "OBSERVERS_PRIVATE"
 ``private``: create the Hub dataset repo private (default ``1``).
 """
 
+OBSERVERS_ALERT_CALLBACK = "OBSERVERS_ALERT_CALLBACK"
+"""
+.. envvar:: OBSERVERS_ALERT_CALLBACK
+
+``alert_callback``: ``package.module:function`` called with each alert
+(:class:`observers.process.alerts.Alert`) on the exporter thread.
+"""
+
 OBSERVERS_RUN_NAME = "OBSERVERS_RUN_NAME"
 """
 .. envvar:: OBSERVERS_RUN_NAME

@@ -245,7 +245,7 @@ class Run:
         epoch = self._last_closed_epoch
         self.pipeline.put("call", lambda: self.otel.end_run(end_ns, self.error))
         self.pipeline.put("call", lambda: self._flush_spans(epoch))
-        self._write_run_row("failed" if self.error else "finished", end_ns)
+        self._write_run_row(self._stop_status or ("failed" if self.error else "finished"), end_ns)
         self.pipeline.put("seal", self.epoch)
         self.pipeline.stop(timeout)
         if self.otel is not None:
@@ -399,7 +399,8 @@ class Run:
         row[sb.EPOCH] = self.epoch
         row[sb.T_START] = t0
         row[sb.SAMPLES] = -1
-        self.sampled = self.step % self.config.sample_interval == 0
+        self.sampled = self.step % self.config.sample_interval == 0 or self._sample_next
+        self._sample_next = False
         row[sb.SAMPLED] = int(self.sampled)
         self._call("on_step_start", self, self.step, self.sampled)
 
@@ -430,6 +431,9 @@ class Run:
             self._drain()
         if self._epoch_end_pending is not None and self.step > self._epoch_end_pending[0]:
             self._end_pending_epoch(None)
+        if self._stop_request is not None and not self.finished:
+            (exc, self._stop_status), self._stop_request = self._stop_request, None
+            raise exc
 
     _last_closed_sampled = False
     _epoch_end_pending: tuple[int, int] | None = None  # (step open at exhaustion, time.time_ns() then)
@@ -438,6 +442,23 @@ class Run:
         self._epoch_end_pending = None
         self._end_epoch(end_ns)
     _last_closed_epoch = 0
+    _stop_request: tuple[BaseException, str] | None = None
+    _stop_status: str | None = None
+    _sample_next = False
+
+    def request_stop(self, exc: BaseException, status: str = "stopped") -> None:
+        """Raise ``exc`` into the training loop at the next step boundary (any thread).
+
+        The step in progress finishes (its optimizer step included); then ``exc`` leaves
+        ``optimizer.step()`` (or the next ``backward()`` without an optimizer) and the run
+        is recorded with ``status``. The first request wins. Alert actions use this.
+        """
+        if self._stop_request is None and not self.finished:
+            self._stop_request = (exc, status)
+
+    def request_sample(self) -> None:
+        """Make the next step a sampled one (any thread), e.g. to localise a NaN."""
+        self._sample_next = True
 
     def _maybe_drain(self) -> None:
         if self._drain_due:

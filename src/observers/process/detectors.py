@@ -1,0 +1,488 @@
+"""Built-in detectors of training pathologies, evaluated on the exporter thread.
+
+All are on by default; switch one off or tune it under ``detectors`` in ``alert_rules``::
+
+    alert_rules = {"detectors": {"loss_spike": False,
+                                 "nonfinite": {"action": "stop"},
+                                 "dead_relu": {"threshold": 0.99}}}
+
+(``"detectors": false`` turns them all off.) Every detector accepts ``enabled``,
+``severity`` and ``action`` besides its own parameters:
+
+=====================  ===============================  ==========================================
+detector (rule names)  reads                            fires when (defaults)
+=====================  ===============================  ==========================================
+``nonfinite``          ``loss`` every step; ``layers``   the first NaN/Inf: loss (``nonfinite_loss``),
+                       rows of sampled steps             activation (``nonfinite_activation``, first
+                                                         layer in forward order), gradient
+                                                         (``nonfinite_gradient``, where backward
+                                                         produced it first), weights
+                                                         (``nonfinite_weight``)
+``exploding_gradients`` per-layer gradient norms         a norm above ``factor`` (100) x its median
+                       (``grad_norm`` without layer     over the last ``window`` (20) sampled steps
+                       stats)                           (after ``min_history`` (5))
+``vanishing_gradients`` same                            a norm below 1/``factor`` (1000) of that
+                                                         median for ``for_steps`` (2) sampled steps
+``saturation``         ``saturation_fraction`` of       above ``threshold`` (0.5) for ``for_steps``
+                       activations (tanh, sigmoid)      (2) sampled steps
+``dead_relu``          ``zero_fraction`` of ReLU        at least ``threshold`` (0.95) for
+                       outputs                          ``for_steps`` (3) sampled steps
+``loss_spike``         ``loss`` every step              robust z-score (median/MAD of the last
+                                                         ``window`` (100) losses) above ``z`` (8)
+                                                         and loss > ``ratio`` (1.5) x median
+``update_ratio``       ``update_ratio`` (sampled)       above ``high`` (0.1) for ``for_steps`` (3)
+                                                         sampled steps, or above ``extreme`` (0.5)
+                                                         once: LR too high (``update_ratio_high``);
+                                                         below ``low`` (1e-6) for ``for_steps``
+                                                         while the LR is not annealed and the
+                                                         weights have not blown up: LR too low
+                                                         (``update_ratio_low``)
+``gpu_underutilized``  ``system`` GPU utilization       below ``threshold`` (0.2) for ``seconds``
+                                                         (60) on one GPU
+=====================  ===============================  ==========================================
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Any, Mapping
+
+import numpy as np
+
+from observers.config import ConfigError
+from observers.process.alerts import (ACTIONS, SEVERITIES, Alert, Columns, Context, Streaks,
+                                      _layer_order, layer_values, step_groups)
+
+_COMMON = {"enabled": True, "severity": "warning", "action": "warn"}
+
+
+class Detector:
+    """Base: turns tables into alerts; per-subject episode state in ``self.streaks``."""
+
+    name = ""
+    defaults: Mapping[str, Any] = {}
+
+    def __init__(self, params: Mapping[str, Any], context: Context) -> None:
+        self.p = {**_COMMON, **self.defaults, **params}
+        self.context = context
+        self.streaks = Streaks()
+
+    def on_scalars(self, cols: Columns) -> list[Alert]:
+        return []
+
+    def on_layers(self, cols: Columns) -> list[Alert]:
+        return []
+
+    def on_system(self, cols: Columns) -> list[Alert]:
+        return []
+
+    def alert(self, rule: str, metric: str, step: int, value: float, message: str, *,
+              threshold: float | None = None, layer: str | None = None, time_ns: int = 0) -> Alert:
+        return Alert(rule=rule, metric=metric, step=int(step), value=float(value), threshold=threshold,
+                     layer=layer, severity=self.p["severity"], action=self.p["action"],
+                     message=message, time_ns=int(time_ns))
+
+
+def _series(cols: Columns, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    sel = np.flatnonzero(cols["name"] == name)
+    return cols["step"][sel], cols.floats("value")[sel], cols["time"][sel]
+
+
+def _bad_rows(cols: Columns) -> np.ndarray:
+    """Rows of a layers table holding a NaN or Inf."""
+    nan = np.nan_to_num(cols.floats("nan_count"), nan=0.0)
+    inf = np.nan_to_num(cols.floats("inf_count"), nan=0.0)
+    return (nan > 0) | (inf > 0) | ~np.isfinite(cols.floats("l2_norm"))
+
+
+def _since(first: int, step: int) -> str:
+    return f" (since step {first})" if first != step else ""
+
+
+class NonFinite(Detector):
+    """The first NaN/Inf in the loss, and where it appeared in the model."""
+
+    name = "nonfinite"
+    defaults = {"severity": "error"}
+
+    def __init__(self, params: Mapping[str, Any], context: Context) -> None:
+        super().__init__(params, context)
+        self._layer_grads = False
+
+    def on_scalars(self, cols: Columns) -> list[Alert]:
+        out = []
+        names = ("loss",) if self._layer_grads and self.context.layer_stats else ("loss", "grad_norm")
+        for name in names:
+            steps, values, times = _series(cols, name)
+            bad = ~np.isfinite(values)
+            key = ("nonfinite_" + ("loss" if name == "loss" else "gradient"), "")
+            if not bad.any():
+                if len(values):
+                    self.streaks.clear(key)
+                continue
+            for step, value, b, t in zip(steps.tolist(), values.tolist(), bad.tolist(), times.tolist()):
+                if self.streaks.update(key, b, step, 1) is not None:
+                    what = "loss" if name == "loss" else "global gradient norm"
+                    out.append(self.alert(key[0], name, step, value, time_ns=t,
+                                          message=f"non-finite {what} ({value}) first at step {step}"))
+                    if name == "loss":
+                        self.context.request_sample()  # one sampled step to localise it
+        return out
+
+    def on_layers(self, cols: Columns) -> list[Alert]:
+        out: list[Alert] = []
+        if not cols.n:
+            return out
+        bad_all = _bad_rows(cols)
+        kinds, layers, times = cols["kind"], cols["layer"], cols["time"]
+        self._layer_grads = self._layer_grads or bool(np.isin(kinds, ("weight_grad", "grad_output")).any())
+        for step, rows in step_groups(cols):
+            order = _layer_order(cols, rows)
+            bad = rows[bad_all[rows]]
+
+            def first(kind_set: tuple[str, ...], last: bool = False) -> int | None:
+                hits = [i for i in bad if kinds[i] in kind_set]
+                if not hits:
+                    return None
+                pick = max if last else min
+                return pick(hits, key=lambda i: order.get(layers[i], len(order)))
+
+            weight = first(("weight",))
+            act = first(("activation",)) if weight is None else None
+            grad = first(("weight_grad", "grad_output"), last=True) if weight is None and act is None else None
+            t = times[rows[0]]
+            for rule, row, text in (
+                ("nonfinite_weight", weight, "weights became non-finite (an earlier update with non-finite "
+                                             "gradients); first in forward order at layer"),
+                ("nonfinite_activation", act, "non-finite activation first (in forward order) at layer"),
+                ("nonfinite_gradient", grad, "non-finite gradient first produced by backward at layer"),
+            ):
+                key = (rule, "")
+                if self.streaks.update(key, row is not None, step, 1) is None or row is None:
+                    continue
+                nan_count, inf_count = cols.floats("nan_count")[row], cols.floats("inf_count")[row]
+                counts = (f": {int(nan_count)} NaN, {int(inf_count)} Inf"
+                          if math.isfinite(nan_count) and math.isfinite(inf_count) else "")
+                out.append(self.alert(rule, str(kinds[row]), step, cols.floats("l2_norm")[row], time_ns=t,
+                                      layer=str(layers[row]),
+                                      message=f"{text} {layers[row]!r} ({kinds[row]}{counts}) at step {step}"))
+        return out
+
+
+class _GradientScale(Detector):
+    """Gradient norms compared with their own recent median (per layer, or global)."""
+
+    defaults = {"factor": 100.0, "window": 20, "min_history": 5, "for_steps": 1}
+    rule = ""
+
+    def __init__(self, params: Mapping[str, Any], context: Context) -> None:
+        super().__init__(params, context)
+        self.history: dict[str, deque[float]] = {}
+        self._layer_grads = False
+
+    def _violates(self, value: float, median: float) -> bool:
+        raise NotImplementedError
+
+    def _describe(self, value: float, median: float) -> str:
+        raise NotImplementedError
+
+    def _observe(self, subject: str, step: int, value: float, t: int, layer: str | None) -> Alert | None:
+        hist = self.history.setdefault(subject, deque(maxlen=int(self.p["window"])))
+        if not math.isfinite(value):
+            return None  # the nonfinite detector reports these
+        violated = False
+        if len(hist) >= self.p["min_history"]:
+            median = sorted(hist)[len(hist) // 2]
+            violated = median > 0 and self._violates(value, median)
+        first = self.streaks.update((self.rule, subject), violated, step, int(self.p["for_steps"]))
+        if not violated:
+            hist.append(value)
+            return None
+        if first is None:
+            return None
+        where = f"layer {layer!r}" if layer else "the model (global norm)"
+        return self.alert(self.rule, "grad_norm", first, value, threshold=median, layer=layer, time_ns=t,
+                          message=f"{self.rule.replace('_', ' ')} in {where}: gradient norm {value:.3g} is "
+                                  f"{self._describe(value, median)} its recent median {median:.3g} at step "
+                                  f"{step}{_since(first, step)}")
+
+    def on_scalars(self, cols: Columns) -> list[Alert]:
+        if self._layer_grads and self.context.layer_stats:
+            return []
+        out = []
+        for step, value, t in zip(*(a.tolist() for a in _series(cols, "grad_norm"))):
+            if (alert := self._observe("", step, value, t, None)) is not None:
+                out.append(alert)
+        return out
+
+    def on_layers(self, cols: Columns) -> list[Alert]:
+        out = []
+        if not cols.n:
+            return out
+        times = cols["time"]
+        for step, rows in step_groups(cols):
+            layers, values = layer_values(cols, rows, "weight_grad", "l2_norm")
+            if not layers:
+                continue
+            self._layer_grads = True
+            order = _layer_order(cols, rows)
+            for i in sorted(range(len(layers)), key=lambda i: order.get(layers[i], len(order))):
+                if (alert := self._observe(layers[i], step, values[i], times[rows[0]], layers[i])) is not None:
+                    out.append(alert)
+        return out
+
+
+class ExplodingGradients(_GradientScale):
+    name = rule = "exploding_gradients"
+    defaults = {**_GradientScale.defaults, "factor": 100.0}
+
+    def _violates(self, value: float, median: float) -> bool:
+        return value > self.p["factor"] * median
+
+    def _describe(self, value: float, median: float) -> str:
+        return f"{value / median:.3g}x"
+
+
+class VanishingGradients(_GradientScale):
+    name = rule = "vanishing_gradients"
+    defaults = {**_GradientScale.defaults, "factor": 1000.0, "for_steps": 2}
+
+    def _violates(self, value: float, median: float) -> bool:
+        return value < median / self.p["factor"]
+
+    def _describe(self, value: float, median: float) -> str:
+        return f"1/{median / value:.3g} of" if value > 0 else "zero, against"
+
+
+class _ActivationFraction(Detector):
+    """A per-layer activation fraction above a threshold for several sampled steps."""
+
+    column = ""
+    rule = ""
+
+    def _eligible(self, layer_type: str) -> bool:
+        return True
+
+    def _message(self, layer: str, layer_type: str, value: float, step: int, first: int) -> str:
+        raise NotImplementedError
+
+    def on_layers(self, cols: Columns) -> list[Alert]:
+        out: list[Alert] = []
+        if not cols.n or not cols.has(self.column):
+            return out
+        kinds, layers, times = cols["kind"], cols["layer"], cols["time"]
+        types = cols["layer_type"] if cols.has("layer_type") else np.full(cols.n, "", object)
+        values = cols.floats(self.column)
+        for step, rows in step_groups(cols):
+            order = _layer_order(cols, rows)
+            worst: dict[str, tuple[float, str]] = {}
+            for i in rows:
+                if kinds[i] == "activation" and math.isfinite(values[i]) and self._eligible(str(types[i] or "")):
+                    if layers[i] not in worst or values[i] > worst[layers[i]][0]:
+                        worst[layers[i]] = (float(values[i]), str(types[i] or ""))
+            for layer in sorted(worst, key=lambda n: order.get(n, len(order))):
+                value, layer_type = worst[layer]
+                first = self.streaks.update((self.rule, layer), value >= self.p["threshold"], step,
+                                            int(self.p["for_steps"]))
+                if first is not None:
+                    out.append(self.alert(self.rule, f"activation.{self.column}", first, value,
+                                          threshold=self.p["threshold"], layer=layer, time_ns=times[rows[0]],
+                                          message=self._message(layer, layer_type, value, step, first)))
+        return out
+
+
+class Saturation(_ActivationFraction):
+    name = rule = "saturation"
+    column = "saturation_fraction"
+    defaults = {"threshold": 0.5, "for_steps": 2}
+
+    def _message(self, layer: str, layer_type: str, value: float, step: int, first: int) -> str:
+        return (f"activation saturation at layer {layer!r} ({layer_type or 'activation'}): {value:.0%} of its "
+                f"outputs are at the bounds, where gradients vanish, at step {step}{_since(first, step)}")
+
+
+class DeadReLU(_ActivationFraction):
+    name = rule = "dead_relu"
+    column = "zero_fraction"
+    defaults = {"threshold": 0.95, "for_steps": 3, "layer_types": ["ReLU", "ReLU6"]}
+
+    def _eligible(self, layer_type: str) -> bool:
+        return layer_type in self.p["layer_types"]
+
+    def _message(self, layer: str, layer_type: str, value: float, step: int, first: int) -> str:
+        return (f"dead ReLUs at layer {layer!r}: {value:.0%} of its outputs are zero (no gradient flows "
+                f"through them) at step {step}{_since(first, step)}")
+
+
+class LossSpike(Detector):
+    """Upward loss outliers against a robust (median / MAD) baseline."""
+
+    name = rule = "loss_spike"
+    defaults = {"z": 8.0, "ratio": 1.5, "window": 100, "min_history": 20}
+
+    def __init__(self, params: Mapping[str, Any], context: Context) -> None:
+        super().__init__(params, context)
+        self.history: deque[float] = deque(maxlen=int(self.p["window"]))
+
+    def on_scalars(self, cols: Columns) -> list[Alert]:
+        out = []
+        steps, values, times = _series(cols, "loss")
+        for step, value, t in zip(steps.tolist(), values.tolist(), times.tolist()):
+            if not math.isfinite(value):
+                continue
+            spike, z, median = False, 0.0, float("nan")
+            if len(self.history) >= self.p["min_history"]:
+                hist = np.fromiter(self.history, dtype=np.float64)
+                median = float(np.median(hist))
+                mad = float(np.median(np.abs(hist - median))) * 1.4826
+                scale = max(mad, 1e-12 * max(abs(median), 1.0))
+                z = (value - median) / scale
+                spike = z > self.p["z"] and value - median > (self.p["ratio"] - 1.0) * abs(median)
+            if self.streaks.update((self.rule, ""), spike, step, 1) is not None:
+                out.append(self.alert(self.rule, "loss", step, value, threshold=median, time_ns=t,
+                                      message=f"loss spike at step {step}: {value:.4g} against a recent median "
+                                              f"of {median:.4g} (robust z-score {z:.1f})"))
+            if not spike:
+                self.history.append(value)
+        return out
+
+
+class UpdateRatio(Detector):
+    """||update|| / ||params|| far from the healthy ~1e-3: the learning rate is off."""
+
+    name = "update_ratio"
+    defaults = {"high": 0.1, "extreme": 0.5, "low": 1e-6, "for_steps": 3}
+
+    def __init__(self, params: Mapping[str, Any], context: Context) -> None:
+        super().__init__(params, context)
+        self.max_lr = 0.0
+        self.first_param_norm: float | None = None
+
+    def on_scalars(self, cols: Columns) -> list[Alert]:
+        out = []
+        lr_steps, lrs, _ = _series(cols, "learning_rate")
+        finite = np.isfinite(lrs)
+        if finite.any():
+            self.max_lr = max(self.max_lr, float(lrs[finite].max()))
+        lr_at = dict(zip(lr_steps.tolist(), lrs.tolist()))
+        pn_steps, pns, _ = _series(cols, "param_norm")
+        pn_at = dict(zip(pn_steps.tolist(), pns.tolist()))
+        need = int(self.p["for_steps"])
+        for step, value, t in zip(*(a.tolist() for a in _series(cols, "update_ratio"))):
+            if not math.isfinite(value) or value == 0.0:
+                continue  # no update (zero LR, skipped AMP step) or non-finite (nonfinite's job)
+            lr = lr_at.get(step, float("nan"))
+            pn = pn_at.get(step, float("nan"))
+            if self.first_param_norm is None and math.isfinite(pn) and pn > 0:
+                self.first_param_norm = pn
+            annealed = math.isfinite(lr) and lr < 0.5 * self.max_lr
+            blown_up = self.first_param_norm is not None and pn > 100 * self.first_param_norm
+            high = value > self.p["high"]
+            low = value < self.p["low"] and not annealed and not blown_up
+            for rule, violated, bound, verdict, n in (
+                    ("update_ratio_high", high, self.p["high"], "too high", 1 if value > self.p["extreme"] else need),
+                    ("update_ratio_low", low, self.p["low"], "too low", need)):
+                first = self.streaks.update((rule, ""), violated, step, n)
+                if first is not None:
+                    lr_text = f" ({lr:g})" if math.isfinite(lr) else ""
+                    out.append(self.alert(
+                        rule, "update_ratio", first, value, threshold=bound, time_ns=t,
+                        message=f"update/parameter norm ratio {value:.3g} is {'above' if high else 'below'} "
+                                f"{bound:g} at step {step}{_since(first, step)}: the learning rate{lr_text} is "
+                                f"likely {verdict} (healthy ratios are around 1e-3)"))
+        return out
+
+
+class GpuUnderutilized(Detector):
+    """A GPU that stays nearly idle while training runs (input pipeline, sync, small batches)."""
+
+    name = rule = "gpu_underutilized"
+    defaults = {"threshold": 0.2, "seconds": 60.0}
+
+    def __init__(self, params: Mapping[str, Any], context: Context) -> None:
+        super().__init__(params, context)
+        self.metric = "gpu_util"  # observers.metric_names: a fraction, per device
+        self.since: dict[str, tuple[int, bool]] = {}  # device -> (low since ns, fired)
+
+    def on_system(self, cols: Columns) -> list[Alert]:
+        out = []
+        if not cols.n:
+            return out
+        sel = np.flatnonzero(cols["name"] == self.metric)
+        devices = cols["device"] if cols.has("device") else np.full(cols.n, "", object)
+        values, times = cols.floats("value"), cols["time"]
+        for i in sel:
+            device, value, t = str(devices[i] or ""), float(values[i]), int(times[i])
+            if not math.isfinite(value) or value >= self.p["threshold"]:
+                self.since.pop(device, None)
+                continue
+            start, fired = self.since.setdefault(device, (t, False))
+            if not fired and (t - start) * 1e-9 >= self.p["seconds"]:
+                self.since[device] = (start, True)
+                step = self.context.current_step()
+                out.append(self.alert(self.rule, self.metric, step, value, threshold=self.p["threshold"],
+                                      layer=device or None, time_ns=t,
+                                      message=f"GPU {device} utilization {value:.0%} has stayed below "
+                                              f"{self.p['threshold']:.0%} for {(t - start) * 1e-9:.0f}s "
+                                              f"(around step {step}): the GPU waits on input or host work"))
+        return out
+
+
+DETECTORS: dict[str, type[Detector]] = {cls.name: cls for cls in (
+    NonFinite, ExplodingGradients, VanishingGradients, Saturation, DeadReLU, LossSpike, UpdateRatio,
+    GpuUnderutilized)}
+"""Built-in detectors by the name used under ``alert_rules["detectors"]``."""
+
+
+def parse_detectors(raw: Any, setting: str = "alert_rules") -> dict[str, dict[str, Any]]:
+    """Validate ``alert_rules["detectors"]``: ``true``/``false`` or name -> bool | params."""
+    if isinstance(raw, bool):
+        return {name: {"enabled": raw} for name in DETECTORS}
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{setting}: 'detectors' must be true, false or a mapping of detector -> "
+                          f"true/false/settings, got {raw!r}")
+    out: dict[str, dict[str, Any]] = {name: {"enabled": True} for name in DETECTORS}
+    for name, spec in raw.items():
+        if name not in DETECTORS:
+            raise ConfigError(f"{setting}: unknown detector {name!r}; known: {', '.join(DETECTORS)}")
+        if isinstance(spec, bool):
+            out[name] = {"enabled": spec}
+            continue
+        if not isinstance(spec, Mapping):
+            raise ConfigError(f"{setting}: detector {name!r} must be true, false or a mapping, got {spec!r}")
+        allowed = {**_COMMON, **DETECTORS[name].defaults}
+        params: dict[str, Any] = {}
+        for key, value in spec.items():
+            if key not in allowed:
+                raise ConfigError(f"{setting}: detector {name!r}: unknown setting {key!r}; "
+                                  f"known: {', '.join(allowed)}")
+            default = allowed[key]
+            if key == "severity" and value not in SEVERITIES or key == "action" and value not in ACTIONS:
+                choices = SEVERITIES if key == "severity" else ACTIONS
+                raise ConfigError(f"{setting}: detector {name!r}: {key!r} must be one of "
+                                  f"{', '.join(choices)}; got {value!r}")
+            if isinstance(default, bool) and not isinstance(value, bool):
+                raise ConfigError(f"{setting}: detector {name!r}: {key!r} must be true or false, got {value!r}")
+            if isinstance(default, int) and not isinstance(default, bool) and (
+                    isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ConfigError(f"{setting}: detector {name!r}: {key!r} must be a positive integer, "
+                                  f"got {value!r}")
+            if isinstance(default, float) and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                               or not math.isfinite(value) or value <= 0):
+                raise ConfigError(f"{setting}: detector {name!r}: {key!r} must be a positive number, "
+                                  f"got {value!r}")
+            if isinstance(default, list) and (not isinstance(value, list)
+                                              or not all(isinstance(v, str) for v in value)):
+                raise ConfigError(f"{setting}: detector {name!r}: {key!r} must be a list of names, got {value!r}")
+            params[key] = float(value) if isinstance(default, float) else value
+        if "action" in params and "severity" not in params and params["action"] != "warn":
+            params["severity"] = "error"
+        out[name] = {"enabled": True, **params}
+    return out
+
+
+def build_detectors(config: Mapping[str, Mapping[str, Any]], context: Context) -> list[Detector]:
+    """The enabled detectors of a parsed ``detectors`` configuration."""
+    return [DETECTORS[name](params, context) for name, params in config.items()
+            if params.get("enabled", True) and name in DETECTORS]
