@@ -116,7 +116,8 @@ SYSTEM_METRICS: dict[str, SystemMetric] = {m.name: m for m in (
     _m("torch_mem_reserved", "ml.torch.cuda.memory.reserved", "By", "updowncounter", "torch",
        "Memory reserved by the caching allocator (torch.cuda.memory_reserved)"),
     _m("torch_mem_peak", "ml.torch.cuda.memory.peak", "By", "gauge", "torch",
-       "Peak memory held by tensors (torch.cuda.max_memory_allocated)"),
+       "Peak memory held by tensors since the process started or the last "
+       "torch.cuda.reset_peak_memory_stats() (torch.cuda.max_memory_allocated)"),
     _m("torch_ooms", "ml.torch.cuda.ooms", "{error}", "counter", "torch",
        "Out-of-memory errors raised by the allocator"),
     _m("torch_alloc_retries", "ml.torch.cuda.alloc_retries", "{retry}", "counter", "torch",

@@ -109,3 +109,23 @@ def test_metrics_filter_without_system_metrics_starts_no_sampler(tmp_path):
         (comp,) = [c for c in obs._run.components if isinstance(c, system.SystemComponent)]
         assert comp.sampler.wanted == {"gpu_util"}
     assert all(SYSTEM_METRICS[n].group in ("gpu", "torch", "host", "process") for n in SYSTEM_METRICS)
+
+
+def test_a_failing_sample_is_skipped_and_sampling_goes_on(tmp_path, monkeypatch, caplog):
+    real_read = HostReader.read
+    failures = []
+
+    def flaky(self):
+        if not failures:
+            failures.append(1)
+            raise OSError("psutil hiccup")
+        return real_read(self)
+
+    monkeypatch.setattr(HostReader, "read", flaky)
+    with Observation(dataset_name="flaky", local_dir=tmp_path, system_interval=0.1) as obs:
+        sampler = next(c.sampler for c in obs._run.components if isinstance(c, system.SystemComponent))
+        deadline = time.monotonic() + 10
+        while sampler.samples < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert sampler.errors == 1 and sampler.samples >= 3
+    assert "a system sample failed" in caplog.text

@@ -65,6 +65,7 @@ class SystemSampler:
         self.host_name = socket.gethostname()
         self.common = {"ml.run.id": run.run_id, "ml.rank": run.rank}
         self.samples = 0
+        self.errors = 0
         self.gpu: gpu_mod.GpuTelemetry | None = None
         self.latest: dict[str, list[tuple[float, dict[str, Any]]]] = {}
         self._lock = threading.Lock()
@@ -98,16 +99,25 @@ class SystemSampler:
                 if self.gpu is None:
                     _notice_once(why or "unknown reason")
             self._stop.wait(PRIME_SECONDS)
-            self.sample(host)
+            self._safe_sample(host)
             while not self._stop.wait(self.interval):
-                self.sample(host)
-            self.sample(host)
+                self._safe_sample(host)
+            self._safe_sample(host)
         except Exception as exc:  # noqa: BLE001 - telemetry never breaks training
             _logger.warning("observers: system sampler stopped: %r", exc, exc_info=True)
         finally:
             if self.gpu is not None:
                 self.gpu.close()
             _unregister(self)
+
+    def _safe_sample(self, host: HostReader | None) -> None:
+        try:
+            self.sample(host)
+        except Exception as exc:  # noqa: BLE001 - skip this sample, keep sampling
+            self.errors += 1
+            if self.errors == 1:
+                _logger.warning("observers: a system sample failed (%r); later ones are attempted",
+                                exc, exc_info=True)
 
     def sample(self, host: HostReader | None) -> None:
         """Read everything once, queue the rows, publish the OTel values."""
@@ -241,8 +251,7 @@ def _instruments(provider: metrics.MeterProvider) -> list[Any]:
             factory = {"gauge": meter.create_observable_gauge,
                        "counter": meter.create_observable_counter,
                        "updowncounter": meter.create_observable_up_down_counter}[m.kind]
-            description = m.description if sum(o.otel == m.otel for o in SYSTEM_METRICS.values()) == 1 \
-                else _SHARED_DESCRIPTIONS.get(m.otel, m.description)
+            description = _SHARED_DESCRIPTIONS.get(m.otel, m.description)
             created.append(factory(m.otel, callbacks=[_callback(m.otel)], unit=m.unit,
                                    description=description))
         _INSTRUMENTS[key] = created
@@ -254,4 +263,6 @@ _SHARED_DESCRIPTIONS = {
     "hw.gpu.io": "PCIe bytes received and transmitted by the GPU since the run started",
     "hw.errors": "GPU errors (error.type: ecc_corrected, ecc_uncorrected, xid)",
     "ml.gpu.clock": "GPU clock frequency (ml.gpu.clock: sm, memory)",
+    "ml.gpu.throttle": "1 while the clocks are held back for ml.gpu.throttle.reason, else 0",
+    "hw.status": "GPU operational status: 1 for the current hw.state (ok, failed), 0 for the other",
 }
