@@ -9,3 +9,4 @@ from observers import integrations  # noqa: F401,E402 - Trainer/Lightning callba
 from observers.export import hub_upload  # noqa: F401,E402 - background push to the Hub (issue 4)
 from observers.capture import system  # noqa: F401,E402 - GPU and host sampler (issue 5)
 from observers.process import alert_monitor  # noqa: F401,E402 - alert rules and detectors (issue 8)
+from observers.capture import distributed  # noqa: F401,E402 - shared run id, clock offsets, stragglers (issue 9)

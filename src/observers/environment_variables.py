@@ -118,3 +118,28 @@ Testing hook: the importable name of the module used in place of ``pynvml``
 (nvidia-ml-py), e.g. ``tests.fakes.fake_pynvml`` to get GPU telemetry on a machine
 without a GPU. Not meant for production use.
 """
+
+OBSERVERS_STRAGGLER_INTERVAL = "OBSERVERS_STRAGGLER_INTERVAL"
+"""
+.. envvar:: OBSERVERS_STRAGGLER_INTERVAL
+
+Distributed runs: seconds between live straggler checks on rank 0 (default ``30``; ``0``
+turns the live check off; the global view still finds stragglers afterwards). Env only.
+"""
+
+OBSERVERS_STRAGGLER_THRESHOLD = "OBSERVERS_STRAGGLER_THRESHOLD"
+"""
+.. envvar:: OBSERVERS_STRAGGLER_THRESHOLD
+
+Distributed runs: a rank whose mean step, data-wait or forward time exceeds the median of
+all ranks by more than this fraction of the median step time is a straggler (default
+``0.2``: the rank adds 20 % to every step). Env only.
+"""
+
+OBSERVERS_CLOCK_SYNC_INTERVAL = "OBSERVERS_CLOCK_SYNC_INTERVAL"
+"""
+.. envvar:: OBSERVERS_CLOCK_SYNC_INTERVAL
+
+Distributed runs: seconds between repeated clock-offset measurements against rank 0
+(default ``0``: measured once, at the start of the run). Env only.
+"""

@@ -133,6 +133,15 @@ def _dist_info() -> tuple[int, int, int]:
     return 0, 0, 1
 
 
+def _prepare_distributed(run: "Run") -> None:
+    try:
+        from observers.capture.distributed import prepare
+
+        prepare(run)
+    except Exception as exc:  # noqa: BLE001 - telemetry never breaks training
+        _logger.warning("observers: distributed setup failed (%r); recording this rank alone", exc)
+
+
 class Run:
     """One observed training run (created by the instrumentor or an ``Observation``)."""
 
@@ -145,6 +154,8 @@ class Run:
         self.name = config.run_name or self.run_id
         self.rank, self.local_rank, self.world_size = 0, 0, 1
         self.distributed = False
+        # Squared L2 norm of sharded tensors (FSDP/DTensor); set by capture.distributed.
+        self.sharded_sum_sq: Callable[[list[torch.Tensor], list[torch.Tensor] | None], torch.Tensor | None] | None = None
         self.clock_offset_ns = time.time_ns() - time.perf_counter_ns()
         self.start_ns = 0
         self.step = 0
@@ -188,6 +199,7 @@ class Run:
         cfg = self.config
         self.rank, self.local_rank, self.world_size = _dist_info()
         self.distributed = bool(cfg.distributed) if cfg.distributed is not None else self.world_size > 1
+        _prepare_distributed(self)  # shared run id across ranks, rank from torchrun's env
         self.start_ns = time.time_ns()
         root = cfg.dataset_dir.resolve()
         rank = self.rank if self.distributed else None
@@ -569,30 +581,35 @@ class Run:
     def _norms_before(self, optimizer: torch.optim.Optimizer, row: int) -> None:
         wants = self.config.wants
         params = self._params(optimizer)
-        grads = [p.grad for p in params if p.grad is not None and not p.grad.is_sparse]
+        owners = [p for p in params if p.grad is not None and not p.grad.is_sparse]
+        grads = [p.grad for p in owners]
         if grads and wants("grad_norm"):
-            self._add_sq("_gsq", grads, row)
+            self._add_sq("_gsq", grads, row, owners)
         if wants("update_ratio") and params:
             with torch.no_grad():
                 self._snapshots[id(optimizer)] = [p.detach().clone() for p in params]
 
     def _norms_after(self, optimizer: torch.optim.Optimizer, row: int) -> None:
         wants = self.config.wants
-        params = [p.detach() for p in self._params(optimizer)]
+        owners = self._params(optimizer)
+        params = [p.detach() for p in owners]
         if params and (wants("param_norm") or wants("update_ratio")):
-            self._add_sq("_psq", params, row)
+            self._add_sq("_psq", params, row, owners)
         before = self._snapshots.pop(id(optimizer), None)
         if before is not None and len(before) == len(params):
             with torch.no_grad():
                 deltas = torch._foreach_sub(params, before)
-            self._add_sq("_usq", deltas, row)
+            self._add_sq("_usq", deltas, row, owners)
 
-    def _add_sq(self, name: str, tensors: list[torch.Tensor], row: int) -> None:
+    def _add_sq(self, name: str, tensors: list[torch.Tensor], row: int,
+                owners: list[torch.Tensor] | None = None) -> None:
         with torch.no_grad():
-            norms = torch._foreach_norm(tensors)
-            device = norms[0].device
-            stacked = torch.stack([n.to(device, torch.float32) for n in norms])
-            total = torch.dot(stacked, stacked)
+            total = self.sharded_sum_sq(tensors, owners) if self.sharded_sum_sq is not None else None
+            if total is None:
+                norms = torch._foreach_norm(tensors)
+                device = norms[0].device
+                stacked = torch.stack([n.to(device, torch.float32) for n in norms])
+                total = torch.dot(stacked, stacked)
         self.buffer.device.append(total)
         self.buffer.device_index.append((row, name))
 

@@ -15,6 +15,7 @@ from typing import Sequence
 _COMMAND_MODULES = (
     "observers.present.cli_analysis",     # summary, plot, compare, report
     "observers.present.cli_hub",          # push, verify
+    "observers.present.cli_distributed",  # ranks
 )
 
 

@@ -1,0 +1,102 @@
+"""The store protocol of distributed runs, in one process on a real TCPStore: run-id
+agreement, clock offsets against rank 0, straggler windows."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+import torch.distributed as dist
+
+from observers.capture import distributed as d
+from observers.config import ObserversConfig
+from observers.run import Run
+
+
+@pytest.fixture
+def store():
+    return dist.TCPStore("127.0.0.1", 0, 1, True, timedelta(seconds=10))
+
+
+def _rank_run(rank: int, world: int, tmp_path) -> Run:
+    run = Run(ObserversConfig(dataset_name="proto", local_dir=tmp_path))
+    run.rank, run.world_size, run.distributed = rank, world, True
+    return run
+
+
+def test_first_offer_wins_and_nobody_waits(store):
+    clients = [store.clone() for _ in range(3)]
+    got = [d.agree_run_id(c, "observers/a0/r0", f"id-{i}") for i, c in enumerate(clients)]
+    assert got == ["id-0"] * 3
+    assert d.agree_run_id(store, "observers/a0/r1", "id-9") == "id-9"  # next run: new key
+
+
+def test_clock_offset_against_rank0(store, tmp_path):
+    shared = d._Shared(store, "observers/a0/r0")
+    zero = d.DistributedMonitor(_rank_run(0, 2, tmp_path), shared)
+    one_run = _rank_run(1, 2, tmp_path)
+    one_run.clock_offset_ns += 3_000_000_000  # rank 1's wall clock is 3 s ahead
+    one = d.DistributedMonitor(one_run, shared)
+    server = threading.Thread(target=zero._serve_clock, args=(d._clone(store, 10),), daemon=True)
+    server.start()
+    offset, rtt = one.measure_clock(d._clone(store, 10))
+    store.queue_push(zero._req_key, "stop")
+    server.join(5)
+    assert not server.is_alive()
+    assert abs(offset + 3.0) < max(rtt, 0.02), (offset, rtt)
+    assert 0 < rtt < 1.0
+
+
+def test_slow_ranks_uses_median_threshold_and_floor():
+    means = {0: {"step_time": 0.1, "forward_time": 0.010}, 1: {"step_time": 0.1, "forward_time": 0.011},
+             2: {"step_time": 0.1, "forward_time": 0.050}, 3: {"step_time": 0.1, "forward_time": 0.0105}}
+    assert d.slow_ranks(means, threshold=0.2) == {2: ("forward_time", 0.050, 0.01075, 0.1)}
+    assert d.slow_ranks(means, threshold=0.5) == {}  # +39 ms is less than half of a 100 ms step
+    tiny = {0: {"data_time": 1e-5}, 1: {"data_time": 1e-4}}  # 10x slower but only 90 us
+    assert d.slow_ranks(tiny, threshold=0.2) == {}
+
+
+def test_straggler_alert_needs_consecutive_windows(store, tmp_path):
+    monitor = d.DistributedMonitor(_rank_run(0, 3, tmp_path), d._Shared(store, "ns"))
+    totals = {r: d.WindowStats(0, {m: 0.0 for m in d.STRAGGLER_METRICS}) for r in range(3)}
+
+    def window(slow_rank: int | None) -> None:
+        for r in range(3):
+            t = totals[r]
+            fwd = 0.05 if r == slow_rank else 0.01
+            totals[r] = d.WindowStats(t.steps + 5, {"step_time": t.sums["step_time"] + 5 * 0.06,
+                                                    "data_time": t.sums["data_time"] + 5 * 0.001,
+                                                    "forward_time": t.sums["forward_time"] + 5 * fwd})
+        monitor._check(dict(totals), final=False)
+
+    window(2)
+    window(None)       # streak broken
+    window(2)
+    assert monitor.alerts == []
+    window(2)          # second window in a row
+    assert [(a["rank"], a["metric"], a["rule"]) for a in monitor.alerts] == [(2, "forward_time", "straggler")]
+    window(2)
+    assert len(monitor.alerts) == 1  # once per rank and run
+
+
+def test_short_run_is_judged_on_the_whole_run_at_the_end(store, tmp_path):
+    monitor = d.DistributedMonitor(_rank_run(0, 2, tmp_path), d._Shared(store, "ns"))
+    totals = {0: d.WindowStats(3, {"step_time": 0.3, "data_time": 0.0, "forward_time": 0.03}),
+              1: d.WindowStats(3, {"step_time": 0.3, "data_time": 0.0, "forward_time": 0.24})}
+    monitor._check(totals, final=True)
+    assert [a["rank"] for a in monitor.alerts] == [1]
+
+
+def test_rank_info_from_torchrun_env(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    monkeypatch.setenv("RANK", "5")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("GROUP_RANK", "2")
+    assert d.rank_info() == d.RankInfo(5, 1, 8, 2, False)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-42")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    first = d.derived_run_id(0)
+    assert first == d.derived_run_id(0) != d.derived_run_id(1)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
+    assert d.derived_run_id(0) is None
