@@ -178,9 +178,11 @@ def fmt_number(value: object, digits: int = 4) -> str:
         v = float(value)
         if np.isnan(v):
             return ""
-        if v != 0 and (abs(v) >= 1e5 or abs(v) < 1e-3):
+        if abs(v) >= 1e15:
             return f"{v:.{max(digits - 1, 1)}e}"
-        return f"{v:.{digits}g}"
+        if abs(v) >= 10 ** digits:
+            return f"{v:,.0f}"
+        return f"{v:.{digits}g}"     # 0.0001 stays 0.0001; 1e-05 and below in exponent form
     return str(value)
 
 

@@ -298,8 +298,10 @@ class RunSet:
         if "start_time" in frame.columns:
             frame = frame.sort_values(["start_time", "run_id"], na_position="last")
         frame = frame.reset_index(drop=True)
-        if self._run_filter is not None:
-            frame = frame[frame["run_id"].isin(self._run_filter)].reset_index(drop=True)
+        if self._run_filter is not None:  # the order asked for (the first one is a baseline)
+            order = {rid: i for i, rid in enumerate(self._run_filter)}
+            frame = frame[frame["run_id"].isin(order)]
+            frame = frame.iloc[frame["run_id"].map(order).argsort()].reset_index(drop=True)
         return frame
 
     @property
