@@ -108,6 +108,10 @@ def test_metrics_filter_without_system_metrics_starts_no_sampler(tmp_path):
     with Observation(dataset_name="somesys", local_dir=tmp_path, metrics=["loss", "gpu_util"]) as obs:
         (comp,) = [c for c in obs._run.components if isinstance(c, system.SystemComponent)]
         assert comp.sampler.wanted == {"gpu_util"}
+    with Observation(dataset_name="alerted", local_dir=tmp_path, metrics=["loss"],
+                     alert_rules={"hw.gpu.memory.utilization": {"max": 0.95}}) as obs:
+        (comp,) = [c for c in obs._run.components if isinstance(c, system.SystemComponent)]
+        assert comp.sampler.wanted == {"gpu_mem_util"}  # the rule needs it despite the filter
     assert all(SYSTEM_METRICS[n].group in ("gpu", "torch", "host", "process") for n in SYSTEM_METRICS)
 
 

@@ -30,7 +30,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 from observers.capture import gpu as gpu_mod
 from observers.capture.host import HostReader, children_points, ensure_system_metrics
 from observers.export import tables
-from observers.metric_names import SYSTEM_METRICS
+from observers.metric_names import SYSTEM_METRICS, canonical
 from observers.run import COMPONENT_FACTORIES, Component, Run
 from observers.version import __version__
 
@@ -193,6 +193,10 @@ class SystemComponent(Component):
 def system_component(run: Run) -> SystemComponent | None:
     """Factory: a sampler for every run that wants at least one system metric."""
     wanted = {name for name in SYSTEM_METRICS if run.config.wants(name)}
+    for key in run.config.alert_rules or {}:  # an alert rule needs its metric, filter or not
+        name = canonical(str(key))
+        if name in SYSTEM_METRICS:
+            wanted.add(name)
     if run.world_size > 1 and run.local_rank != 0:  # one copy of the host-wide rows per host
         wanted = {name for name in wanted if SYSTEM_METRICS[name].group != "host"}
     if not wanted:
