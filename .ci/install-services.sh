@@ -5,12 +5,11 @@
 # whose binary is already there is skipped. Needs only Debian's archive (no root needed for
 # the download when the cache folder is writable; as root apt may warn about sandboxing).
 #
-#   bash .ci/install-services.sh                 # victoria-metrics and prometheus
-#   bash .ci/install-services.sh victoria-metrics
+#   bash .ci/install-services.sh                 # victoria-metrics
+#   bash .ci/install-services.sh PACKAGE...      # others, binary expected in usr/bin/PACKAGE
 #
-# Binaries afterwards:
-#   .cache/services/victoria-metrics/usr/bin/victoria-metrics
-#   .cache/services/prometheus/usr/bin/prometheus
+# Binary afterwards: .cache/services/victoria-metrics/usr/bin/victoria-metrics
+# (Debian's prometheus 2.53 is built without the OTLP receiver, so it is of no use here.)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -19,12 +18,11 @@ SUITE="${OBSERVERS_SERVICES_SUITE:-trixie}"
 MIRROR="${OBSERVERS_SERVICES_MIRROR:-http://deb.debian.org/debian}"
 KEYRING="/usr/share/keyrings/debian-archive-keyring.gpg"
 packages=("$@")
-[[ ${#packages[@]} -gt 0 ]] || packages=(victoria-metrics prometheus)
+[[ ${#packages[@]} -gt 0 ]] || packages=(victoria-metrics)
 
 binary_of() {
 	case "$1" in
 	victoria-metrics) echo usr/bin/victoria-metrics ;;
-	prometheus) echo usr/bin/prometheus ;;
 	*) echo "usr/bin/$1" ;;
 	esac
 }

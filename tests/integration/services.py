@@ -1,6 +1,6 @@
 """Real servers for the OTLP integration tests: install, start on 127.0.0.1, query, stop.
 
-* VictoriaMetrics and Prometheus come from Debian 13's archive, unpacked (not installed)
+* VictoriaMetrics comes from Debian 13's archive, unpacked (not installed)
   into ``.cache/services/`` by ``.ci/install-services.sh`` (idempotent; CI calls it first,
   the fixtures call it when a binary is missing). A test skips, with the reason, only
   when Debian's archive cannot be reached.
@@ -30,10 +30,7 @@ from tests._support import REPO
 
 CACHE = REPO / ".cache" / "services"
 INSTALL_SCRIPT = REPO / ".ci" / "install-services.sh"
-BINARIES = {
-    "victoria-metrics": "usr/bin/victoria-metrics",
-    "prometheus": "usr/bin/prometheus",
-}
+BINARIES = {"victoria-metrics": "usr/bin/victoria-metrics"}
 _NETWORK_ERRORS = re.compile(r"Temporary failure resolving|Could not resolve|Failed to fetch|"
                              r"Unable to connect|Connection (timed out|refused)|Network is unreachable")
 
@@ -94,7 +91,7 @@ def _stop(proc: subprocess.Popen[bytes] | None) -> None:
 
 
 class PromAPI:
-    """The part of the Prometheus HTTP API both Prometheus and VictoriaMetrics serve."""
+    """The part of the Prometheus HTTP API that VictoriaMetrics serves too."""
 
     url: str
 
@@ -155,33 +152,6 @@ class VictoriaMetrics(PromAPI):
 
     def flush(self) -> None:
         http_get(f"{self.url}/internal/force_flush")
-
-    def stop(self) -> None:
-        _stop(self.proc)
-
-
-class Prometheus(PromAPI):
-    """Prometheus with its OTLP receiver, configured from ``config`` (a YAML file)."""
-
-    def __init__(self, workdir: Path, config: Path) -> None:
-        self.workdir = workdir
-        self.config = config
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.otlp_metrics_url = f"{self.url}/api/v1/otlp/v1/metrics"
-        self.log = workdir / "prometheus.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> "Prometheus":
-        binary = service_binary("prometheus")
-        with self.log.open("wb") as log:
-            self.proc = subprocess.Popen([
-                str(binary), f"--config.file={self.config}", f"--web.listen-address=127.0.0.1:{self.port}",
-                f"--storage.tsdb.path={self.workdir / 'data'}", "--enable-feature=otlp-write-receiver",
-                "--log.level=warn",
-            ], stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir)
-        _wait_http(f"{self.url}/-/ready", self.proc, self.log)
-        return self
 
     def stop(self) -> None:
         _stop(self.proc)

@@ -142,3 +142,17 @@ def test_alert_rows_become_a_counter() -> None:
         sink.close()
     got = {(a["ml.alert.rule"], a["ml.alert.severity"]): v for a, v in points["ml.alerts"]}
     assert got == {("loss.max", "warning"): 2, ("nan", "critical"): 1}
+
+
+def test_under_torchrun_every_rank_reserves_the_same_run_id(monkeypatch: pytest.MonkeyPatch) -> None:
+    from observers.capture.distributed import derived_run_id
+
+    ids = []
+    for rank in ("0", "1"):
+        monkeypatch.setattr(resource, "_reserved", None)
+        monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-42")
+        monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+        monkeypatch.setenv("MASTER_PORT", "29500")
+        monkeypatch.setenv("RANK", rank)
+        ids.append(resource.ObserversResourceDetector().detect().attributes["ml.run.id"])
+    assert ids[0] == ids[1] == derived_run_id(0)

@@ -40,12 +40,30 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
 
 
+def _torchrun_run_id() -> str | None:
+    """Under ``torchrun``, the id every rank derives alike for its first run (or None)."""
+    if os.environ.get("TORCHELASTIC_RUN_ID", "none") in ("", "none"):
+        return None
+    from observers.capture.distributed import derived_run_id  # torch is in use anyway
+
+    return derived_run_id(0)
+
+
 def reserve_run_id() -> str:
-    """The run id this process announces in its resource (created once per process)."""
+    """The run id this process announces in its resource (created once per process).
+
+    Under ``torchrun`` it is the id all ranks derive from the launcher's environment, which
+    is also what the ranks then agree on (:mod:`observers.capture.distributed`), so every
+    rank's resource names the shared run.
+    """
     global _reserved
     with _lock:
         if _reserved is None:
-            _reserved = new_run_id()
+            try:
+                _reserved = _torchrun_run_id()
+            except Exception:  # noqa: BLE001 - a resource detector must not fail the SDK setup
+                _reserved = None
+            _reserved = _reserved or new_run_id()
         return _reserved
 
 
