@@ -649,5 +649,5 @@ class Run:
             "config": self.config.to_json(),
             "hyperparameters": json.dumps(info["hyperparameters"], default=str) if "hyperparameters" in info else None,
         }
-        table = pa.Table.from_pylist([row], schema=tables.RUNS)
-        self.pipeline.rows("runs", self.epoch, table)
+        # Arrow conversion (it may import pandas) happens on the exporter thread.
+        self.pipeline.rows("runs", self.epoch, lambda: pa.Table.from_pylist([row], schema=tables.RUNS))
