@@ -60,6 +60,16 @@ def _parse_seconds(name: str, raw: Any) -> float:
     return value
 
 
+def _parse_count(name: str, raw: Any) -> int:
+    try:
+        value = int(str(raw).strip()) if not isinstance(raw, int) or isinstance(raw, bool) else raw
+    except ValueError:
+        raise ConfigError(f"{name} must be an integer >= 0, got {raw!r}") from None
+    if isinstance(value, bool) or value < 0:
+        raise ConfigError(f"{name} must be an integer >= 0, got {raw!r}")
+    return value
+
+
 def _parse_metrics(name: str, raw: Any) -> tuple[str, ...] | None:
     if raw is None:
         return None
@@ -177,6 +187,9 @@ class ObserversConfig:
     alert_callback: Callable[[Any], Any] | None = None
     run_name: str | None = None
     otlp_layers: int | tuple[str, ...] = 0
+    layers: tuple[str, ...] | None = None
+    max_depth: int | None = None
+    histogram_bins: int = 0
     private: bool = True
     system_interval: float = 5.0
 
@@ -257,6 +270,12 @@ class ObserversConfig:
             values["run_name"] = str(got[1])
         if (got := pick("otlp_layers", env.OBSERVERS_OTLP_LAYERS)) is not None:
             values["otlp_layers"] = _parse_otlp_layers(*got)
+        if (got := pick("layers", env.OBSERVERS_LAYERS)) is not None:
+            values["layers"] = _parse_metrics(*got)
+        if (got := pick("max_depth", env.OBSERVERS_MAX_DEPTH)) is not None:
+            values["max_depth"] = _parse_count(*got)
+        if (got := pick("histogram_bins", env.OBSERVERS_HISTOGRAM_BINS)) is not None:
+            values["histogram_bins"] = _parse_count(*got)
         if (got := pick("system_interval", env.OBSERVERS_SYSTEM_INTERVAL)) is not None:
             values["system_interval"] = _parse_seconds(*got)
         return cls(**values)

@@ -143,3 +143,29 @@ OBSERVERS_CLOCK_SYNC_INTERVAL = "OBSERVERS_CLOCK_SYNC_INTERVAL"
 Distributed runs: seconds between repeated clock-offset measurements against rank 0
 (default ``0``: measured once, at the start of the run). Env only.
 """
+
+OBSERVERS_LAYERS = "OBSERVERS_LAYERS"
+"""
+.. envvar:: OBSERVERS_LAYERS
+
+``layers``: comma-separated globs of the qualified module names (``model.named_modules()``
+names, e.g. ``encoder.layers.*.linear*``) whose per-layer statistics are recorded; a
+parameter is selected when its own name or its module's name matches. Default: all.
+"""
+
+OBSERVERS_MAX_DEPTH = "OBSERVERS_MAX_DEPTH"
+"""
+.. envvar:: OBSERVERS_MAX_DEPTH
+
+``max_depth``: record only modules at most this deep in the model tree (the model itself
+is depth 0, ``encoder`` depth 1, ``encoder.layers.0`` depth 3). Default: no limit.
+"""
+
+OBSERVERS_HISTOGRAM_BINS = "OBSERVERS_HISTOGRAM_BINS"
+"""
+.. envvar:: OBSERVERS_HISTOGRAM_BINS
+
+``histogram_bins``: number of equal-width bins between min and max of each activation and
+output gradient, stored in the ``layers.histogram`` column (W&B uses 64). Default ``0``
+(off; histograms cost about as much as all other statistics together).
+"""
