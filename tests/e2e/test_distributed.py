@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 from pathlib import Path
 
@@ -18,47 +19,64 @@ from datasets import load_dataset
 
 from observers.present import cli
 from observers.present.distributed import global_view
-from tests._support import BIN, script_env
+from opentelemetry.exporter.hf_dataset import load_manifests
+from tests._support import BIN, REPO, script_env
+from tests.fakehub.fixtures import TOKEN, point_at
+from tests.fakehub.server import FakeHub
 
 SCRIPT = Path(__file__).with_name("dist_train.py")
+EXAMPLE = REPO / "docs" / "examples" / "ddp_train.py"
 STEPS = 24
 
 
-def torchrun(tmp: Path, *, instrumented: bool, timeout: float = 420, **env: str) -> dict[int, dict]:
-    """Launch dist_train.py on 2 ranks; return what each rank reported."""
-    out = tmp / "report"
-    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc_per_node=2", str(SCRIPT)]
+def launch(tmp: Path, script: Path, *args: str, instrumented: bool, timeout: float = 420,
+           **env: str) -> subprocess.CompletedProcess[str]:
+    """``[opentelemetry-instrument] torchrun --standalone --nproc_per_node=2 script args``."""
+    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc_per_node=2", str(script), *args]
     if instrumented:
         cmd = [str(BIN / "opentelemetry-instrument"), *cmd]
-    environ = script_env(OBSERVERS_DIR=str(tmp / "observers"), OBSERVERS_DATASET="dist",
-                         DIST_OUT=str(out), DIST_STEPS=str(STEPS), **env)
+    env.setdefault("OBSERVERS_DATASET", "dist")
+    environ = script_env(OBSERVERS_DIR=str(tmp / "observers"), **env)
     proc = subprocess.run(cmd, cwd=tmp, env=environ, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         raise AssertionError(f"torchrun exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}"
                              f"\n--- stderr\n{proc.stderr[-8000:]}")
-    reports = {}
-    for rank in (0, 1):
-        reports[rank] = json.loads((out / f"rank-{rank}.json").read_text())
-    reports[-1] = {"stderr": proc.stderr}
-    return reports
+    return proc
+
+
+def torchrun(tmp: Path, *, instrumented: bool, **env: str) -> dict[int, dict]:
+    """Launch dist_train.py on 2 ranks; return what each rank reported."""
+    out = tmp / "report"
+    launch(tmp, SCRIPT, instrumented=instrumented, DIST_OUT=str(out), DIST_STEPS=str(STEPS), **env)
+    return {rank: json.loads((out / f"rank-{rank}.json").read_text()) for rank in (0, 1)}
 
 
 @pytest.fixture(scope="module")
-def zero_code(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
-    """DDP, zero-code, rank 1 sleeps before every forward, 2 spawned DataLoader workers per rank."""
+def zero_code(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int, float]]:
+    """The docs' DDP example, zero-code: rank 1 sleeps before every forward, and each rank
+    has 2 DataLoader workers started with ``spawn`` (fresh, instrumented interpreters)."""
     tmp = tmp_path_factory.mktemp("dist_zero_code")
-    reports = torchrun(tmp, instrumented=True, DIST_SLOW_RANK="1", DIST_WORKERS="2",
-                       DIST_MP_CONTEXT="spawn", OBSERVERS_STRAGGLER_INTERVAL="0.2")
-    return tmp / "observers" / "dist", reports
+    proc = launch(tmp, EXAMPLE, "--steps", str(STEPS), "--slow-rank", "1", "--workers", "2",
+                  "--start-method", "spawn", instrumented=True, OBSERVERS_STRAGGLER_INTERVAL="0.2")
+    last = {int(m.group(1)): float(m.group(2))
+            for m in re.finditer(r"rank (\d) epoch 0: last loss (\S+)", proc.stdout)}
+    assert sorted(last) == [0, 1], proc.stdout
+    return tmp / "observers" / "dist", last
 
 
 @pytest.fixture(scope="module")
-def api(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
-    """DDP in ``Observation(distributed=True)``; rank 1's wall clock runs 5 s ahead and it is slow."""
+def api(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, FakeHub]:
+    """DDP in ``Observation(distributed=True)``; rank 1's wall clock runs 5 s ahead and it is
+    slow; both ranks push to one repo of a fake Hub."""
     tmp = tmp_path_factory.mktemp("dist_api")
-    reports = torchrun(tmp, instrumented=False, DIST_API="1", DIST_SLOW_RANK="1",
-                       DIST_CLOCK_SKEW="5", OBSERVERS_STRAGGLER_INTERVAL="0.2")
-    return tmp / "observers" / "dist", reports
+    with FakeHub(tokens={TOKEN: "alice"}) as hub:
+        reports = torchrun(tmp, instrumented=False, DIST_API="1", DIST_SLOW_RANK="1",
+                           DIST_CLOCK_SKEW="5", OBSERVERS_STRAGGLER_INTERVAL="0.2",
+                           OBSERVERS_DATASET="alice/dist", OBSERVERS_PUSH_TO_HUB="1",
+                           HF_ENDPOINT=hub.url, HF_TOKEN=TOKEN, HF_HUB_DISABLE_XET="1",
+                           OTEL_EXPORTER_HF_DATASET_COMMIT_INTERVAL="0",
+                           OTEL_EXPORTER_HF_DATASET_FLUSH_TIMEOUT="30")
+        yield tmp / "observers" / "dist", reports, hub
 
 
 def _table(root: Path, name: str):
@@ -93,18 +111,17 @@ def test_workers_and_launcher_start_no_runs(zero_code):
 
 
 def test_global_view_aligns_steps(zero_code):
-    root, reports = zero_code
+    root, last = zero_code
     view = global_view(root)
     assert view.world_size == 2 and view.rank_ids == [0, 1] and view.missing_ranks == []
     losses = view.per_rank("loss")
     assert list(losses.index) == list(range(STEPS))
-    for rank in (0, 1):
-        assert losses[rank].tolist() == reports[rank]["losses"]
+    assert losses.iloc[-1].to_dict() == last     # what each rank printed for its last step
     across = view.across_ranks("loss")
     assert (across.n_ranks == 2).all() and len(across) == STEPS
-    both = np.array([reports[0]["losses"], reports[1]["losses"]])
-    assert np.allclose(across["min"], both.min(0)) and np.allclose(across["max"], both.max(0))
-    assert np.allclose(across["mean"], both.mean(0))
+    assert np.allclose(across["min"], losses.min(axis=1)) and np.allclose(across["max"], losses.max(axis=1))
+    assert np.allclose(across["mean"], losses.mean(axis=1))
+    assert (across.min_rank != across.max_rank).any()
     # DDP: gradients are all-reduced, so every rank records the same global grad norm
     grad = view.per_rank("grad_norm")
     assert len(grad) >= 2 and np.allclose(grad[0], grad[1], rtol=1e-6)
@@ -149,15 +166,18 @@ def test_cli_ranks(zero_code, capsys):
 # -- Python API -------------------------------------------------------------------------------
 
 def test_api_ranks_share_one_run(api):
-    root, reports = api
+    root, reports, _ = api
     assert reports[0]["runs"] == reports[1]["runs"] and len(reports[0]["runs"]) == 1
     runs = _table(root, "runs")
     assert sorted(runs["rank"]) == [0, 1] and set(runs.run_id) == set(reports[0]["runs"])
     assert set(runs.status) == {"finished"}
+    losses = global_view(root).per_rank("loss")
+    for rank in (0, 1):
+        assert losses[rank].tolist() == reports[rank]["losses"]
 
 
 def test_api_clock_skew_is_measured_and_corrected(api):
-    root, _ = api
+    root, _, _ = api
     view = global_view(root)
     offsets = view.clock_offsets()
     assert offsets[0] == 0.0 and abs(offsets[1] + 5.0) < 0.25, offsets
@@ -173,7 +193,7 @@ def test_api_clock_skew_is_measured_and_corrected(api):
 
 def test_api_metrics_carry_rank(api):
     """What goes over OTLP is separable by rank: every data point carries ml.rank and the shared run id."""
-    _, reports = api
+    _, reports, _ = api
     run_id = reports[0]["runs"][0]
     for rank in (0, 1):
         metrics = reports[rank]["metrics"]
@@ -183,10 +203,27 @@ def test_api_metrics_carry_rank(api):
 
 
 def test_api_straggler(api):
-    root, _ = api
+    root, _, _ = api
     assert set(global_view(root).stragglers()["rank"]) == {1}
     alerts = _table(root, "alerts")
     assert alerts[alerts.rule == "straggler"]["rank"].tolist() == [1]
+
+
+def test_api_ranks_push_to_one_hub_repo(api, monkeypatch, tmp_path):
+    """Each rank commits its own shards and manifest; concurrent commits rebase (412)."""
+    root, reports, hub = api
+    run_id = reports[0]["runs"][0]
+    files = hub.files("alice/dist")
+    for manifest in load_manifests(root):
+        assert manifest.shards and not manifest.pending("alice/dist"), manifest.key
+        assert f".observers/manifests/{manifest.key}.json" in files
+        for rel in manifest.shards:
+            assert files[rel] == (root / rel).read_bytes()
+    assert sorted(m.key for m in load_manifests(root)) == [f"{run_id}-rank-00000", f"{run_id}-rank-00001"]
+    point_at(hub.url, monkeypatch)
+    remote = load_dataset("alice/dist", "scalars", split="train", cache_dir=str(tmp_path)).to_pandas()
+    local = _table(root, "scalars")
+    assert len(remote) == len(local) and set(remote["rank"]) == {0, 1} and set(remote.run_id) == {run_id}
 
 
 # -- FSDP -------------------------------------------------------------------------------------
