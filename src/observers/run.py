@@ -117,7 +117,8 @@ def _live_optimizer_exists() -> bool:
     """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        optimizers = [o for o in gc.get_objects() if isinstance(o, torch.optim.Optimizer)]
+        # type(), not isinstance(): isinstance() on a dead weakref.proxy raises ReferenceError
+        optimizers = [o for o in gc.get_objects() if issubclass(type(o), torch.optim.Optimizer)]
     return any(p.grad is not None for o in optimizers for g in o.param_groups for p in g["params"])
 
 

@@ -32,18 +32,20 @@ class DatasetSink:
         for name, schema in tables.ALL.items():
             self.writer.register_table(name, schema)
         self.dropped_rows = 0
+        self.dropped: dict[str, int] = {}   # rows dropped per table (disk errors)
         self.on_sealed: list[Callable[[list[Path]], None]] = []
         self._warned = False
 
     def write(self, table: str, data: pa.Table, epoch: int) -> None:
-        if table == "runs":
-            self.writer.write_file("runs", "run", data)
-            self.writer.write_card()
-            return
         try:
+            if table == "runs":
+                self.writer.write_file("runs", "run", data)
+                self.writer.write_card()
+                return
             self.writer.write(table, data, epoch=epoch)
         except OSError as exc:
             self.dropped_rows += data.num_rows
+            self.dropped[table] = self.dropped.get(table, 0) + data.num_rows
             if not self._warned:
                 self._warned = True
                 _logger.warning("observers: cannot write to %s (%s); dropping %s rows and "
@@ -61,4 +63,11 @@ class DatasetSink:
 
     def close(self) -> None:
         self.seal(-1)
-        self.writer.write_card()
+        try:
+            self.writer.write_card()
+        except OSError as exc:
+            _logger.warning("observers: could not write the dataset card in %s: %s", self.root, exc)
+        if self.dropped_rows:
+            _logger.warning("observers: dropped %d rows in all because %s could not be written (%s); shards "
+                            "sealed before that are intact", self.dropped_rows, self.root,
+                            ", ".join(f"{t}: {n}" for t, n in sorted(self.dropped.items())))

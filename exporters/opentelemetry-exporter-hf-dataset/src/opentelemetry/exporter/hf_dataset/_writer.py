@@ -321,7 +321,10 @@ class DatasetWriter:
             return
         seg = self._segments.get(table)
         if seg is not None and seg.epoch != epoch:
-            self._seal_segment(table, seg)
+            try:
+                self._seal_segment(table, seg)
+            except OSError as exc:   # its WAL stays; the next seal() tries again
+                _logger.warning("could not seal %s epoch %d yet: %s", table, seg.epoch, exc)
             seg = None
         if seg is None:
             seg = self._open_segment(table, epoch, schema)
@@ -367,22 +370,40 @@ class DatasetWriter:
         self._retired.append((table, seg))
 
     def seal(self) -> list[Path]:
-        """Seal every open WAL segment into a Parquet shard; returns the new shard paths."""
-        sealed = []
-        while self._retired:
-            table, seg = self._retired[0]
-            path = seal_segment_file(self.root, seg.path, table, self.run_id, self.rank,
-                                     seg.epoch, self._schemas.get(table), self.manifest)
-            self._retired.pop(0)
+        """Seal every open WAL segment into a Parquet shard; returns the new shard paths.
+
+        Raises the first ``OSError`` (disk full...) after trying every segment; a segment
+        that could not be sealed keeps its WAL file and is tried again at the next seal.
+        """
+        sealed: list[Path] = []
+        error: OSError | None = None
+        retired, self._retired = self._retired, []
+        for table, seg in retired:   # each on its own: empty ones go even when the disk is full
+            try:
+                path = seal_segment_file(self.root, seg.path, table, self.run_id, self.rank,
+                                         seg.epoch, self._schemas.get(table), self.manifest)
+            except OSError as exc:
+                self._retired.append((table, seg))
+                error = error or exc
+                continue
             if path is not None:
                 sealed.append(path)
         for table, seg in list(self._segments.items()):
-            path = self._seal_segment(table, seg)
+            try:
+                path = self._seal_segment(table, seg)
+            except OSError as exc:
+                error = error or exc
+                continue
             if path is not None:
                 sealed.append(path)
         if sealed:
-            self.manifest.save()
-            self.write_card()
+            try:
+                self.manifest.save()
+                self.write_card()
+            except OSError as exc:
+                error = error or exc
+        if error is not None:
+            raise error
         return sealed
 
     def _seal_segment(self, table: str, seg: _Segment) -> Path | None:
