@@ -210,7 +210,6 @@ def prepare(run: "Run") -> None:
         return
     if not info.from_process_group and info.world_size > 1:
         run.rank, run.local_rank, run.world_size = info.rank, info.local_rank, info.world_size
-    run.info["node_rank"] = info.node_rank
     if run.world_size <= 1:
         return
     seq = next(_SEQUENCE)
