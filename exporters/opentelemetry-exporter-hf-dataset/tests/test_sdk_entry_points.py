@@ -7,7 +7,6 @@ import json
 
 import pytest
 from datasets import load_dataset
-from opentelemetry import metrics as metrics_api
 from opentelemetry.sdk._configuration import _get_exporter_names, _import_exporters
 from opentelemetry.sdk._logs import LoggerProvider
 from opentelemetry.sdk._logs.export import SimpleLogRecordProcessor
