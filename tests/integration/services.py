@@ -106,10 +106,9 @@ class PromAPI:
         return body["data"]
 
     def query(self, expr: str, at: float | None = None) -> list[dict[str, Any]]:
-        """Instant query; returns the result list (``metric`` labels and ``value``)."""
-        params: dict[str, Any] = {"query": expr}
-        if at is not None:
-            params["time"] = f"{at:.3f}"
+        """Instant query at ``at`` (default: now, to the millisecond: VictoriaMetrics would
+        round a missing time down to the second and miss a sample of this very second)."""
+        params: dict[str, Any] = {"query": expr, "time": f"{time.time() if at is None else at:.3f}"}
         data = self.api("/api/v1/query", **params)
         return data["result"] if isinstance(data["result"], list) else [data["result"]]
 

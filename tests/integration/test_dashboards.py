@@ -116,22 +116,78 @@ def _values(vm: VictoriaMetrics, demo: dict[str, Any]) -> dict[str, str]:
     return {"run": demo["run"], "rank": "0", "layer": ".+", "kind": kind}  # run ids: [0-9a-f-]
 
 
+def _check_target(vm: VictoriaMetrics, board: str, title: str, target: dict[str, Any],
+                  values: dict[str, str], start: float, end: float) -> None:
+    """Run a panel target as Grafana would (range or instant); it must return finite data."""
+    expr = _fill(target["expr"], values)
+    if target.get("instant"):
+        series = [[r["value"]] for r in vm.query(expr)]
+    else:
+        result = vm.api("/api/v1/query_range", query=expr, start=f"{start - 5:.3f}",
+                        end=f"{end + 5:.3f}", step="2s")["result"]
+        series = [r["values"] for r in result]
+    assert series, f"{board} / {title}: no series for\n{expr}"
+    finite = [float(v) for points in series for _, v in points if math.isfinite(float(v))]
+    assert finite, f"{board} / {title}: only NaN/Inf for\n{expr}"
+
+
 @pytest.mark.parametrize("board, title, target", _targets())
 def test_panel_query_returns_data(vm: VictoriaMetrics, demo: dict[str, Any], board: str, title: str,
                                   target: dict[str, Any]) -> None:
     why = _requirement(target["expr"], demo)
     if why:
         pytest.skip(f"{board} / {title}: not checked: {why}")
-    expr = _fill(target["expr"], _values(vm, demo))
-    if target.get("instant"):
-        series = [[r["value"]] for r in vm.query(expr)]
-    else:
-        result = vm.api("/api/v1/query_range", query=expr, start=f"{demo['start'] - 5:.3f}",
-                        end=f"{demo['end'] + 5:.3f}", step="2s")["result"]
-        series = [r["values"] for r in result]
-    assert series, f"{board} / {title}: no series for\n{expr}"
-    finite = [float(v) for points in series for _, v in points if math.isfinite(float(v))]
-    assert finite, f"{board} / {title}: only NaN/Inf for\n{expr}"
+    _check_target(vm, board, title, target, _values(vm, demo), demo["start"], demo["end"])
+
+
+def test_layer_panels_with_rows_through_the_otlp_sink(vm: VictoriaMetrics) -> None:
+    """The layers dashboard against series that our sink made from `layers` rows.
+
+    Independent of the per-layer capture: rows in the dataset's schema go through
+    :class:`TableMetrics` and a real OTLP/HTTP exporter into VictoriaMetrics.
+    """
+    import pyarrow as pa
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+    from opentelemetry.sdk.resources import Resource
+
+    from observers.export import tables
+    from observers.export.otel_tables import TableMetrics
+
+    run_id = "layers-check-" + str(int(time.time()))
+    reader = PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=vm.otlp_metrics_url),
+                                           export_interval_millis=3_600_000)
+    provider = MeterProvider([reader], resource=Resource.create({"service.name": "layers-check"}))
+    sink = TableMetrics(run_id, 0, 8, meter_provider=provider)
+    layers = [("0", "Linear"), ("1", "Tanh"), ("2", "Linear"), ("3", "ReLU"), ("4", "Linear")]
+    start = time.time()
+    try:
+        for step in (0, 2, 4):
+            rows = []
+            for i, (name, kind_of_layer) in enumerate(layers):
+                kinds = ["activation"] + (["weight", "weight_grad"] if kind_of_layer == "Linear" else [])
+                for kind in kinds:
+                    rows.append(dict(run_id=run_id, rank=0, step=step, epoch=0, time=0, layer=name,
+                                     layer_type=kind_of_layer, kind=kind, call=0, mean=0.1 * i - step,
+                                     std=1.0 + i, min=-1.0 - i, max=1.0 + step, l2_norm=10.0 ** (i - step),
+                                     nan_count=int(step == 4 and i == 2), inf_count=0,
+                                     zero_fraction=0.5 if kind_of_layer == "ReLU" else 0.0,
+                                     saturation_fraction=0.25 if kind_of_layer == "Tanh" else None, numel=64))
+            sink.write("layers", pa.Table.from_pylist(rows, schema=tables.LAYERS), 0)
+            provider.force_flush()
+            time.sleep(0.5)
+    finally:
+        sink.close()
+        provider.shutdown()
+    vm.flush()
+    values = {"run": run_id, "rank": "0", "layer": ".+", "kind": "weight_grad"}
+    for _, title, target in (p.values for p in _targets() if p.values[0] == "layers"):
+        _check_target(vm, "layers", title, target, values, start, time.time())
+    nan = vm.values(f'ml_layer_nonfinite_total{{ml_run_id="{run_id}", ml_nonfinite_type="nan"}}')
+    assert {dict(k)["ml_layer_name"]: v for k, v in nan.items() if v} == {"2": 1.0}
+    heat = vm.values(f'ml_layer_l2_norm{{ml_run_id="{run_id}", ml_layer_kind="weight_grad"}}')
+    assert {dict(k)["ml_layer_name"]: v for k, v in heat.items()} == {"0": 1e-4, "2": 1e-2, "4": 1.0}
 
 
 @pytest.mark.parametrize("board, var", _variables())
