@@ -42,6 +42,7 @@ import json
 import logging
 import os
 import statistics
+import sys
 import threading
 import time
 import weakref
@@ -243,7 +244,7 @@ def prepare(run: "Run") -> None:
 def _fsdp1_groups(run: "Run") -> dict[int, Any]:
     """id(parameter) -> process group, for parameters FSDP1 keeps sharded."""
     model = run.model_ref() if run.model_ref is not None else None
-    if model is None:
+    if model is None or "torch.distributed.fsdp" not in sys.modules:  # no FSDP1 without its import
         return {}
     cache = getattr(run, "_fsdp1_cache", None)
     if cache is not None and cache[0] == id(model):
@@ -283,17 +284,18 @@ def sharded_sum_sq(run: "Run", tensors: Sequence[torch.Tensor],
     mesh); FSDP1 shards by one all-reduce per FSDP process group; replicated tensors are
     counted once.
     """
-    from torch.distributed.tensor import DTensor
-
+    module = sys.modules.get("torch.distributed.tensor")  # DTensors exist only once it is imported
+    DTensor = getattr(module, "DTensor", None)
     fsdp1 = _fsdp1_groups(run) if owners is not None else {}
-    if not fsdp1 and not any(isinstance(t, DTensor) for t in tensors):
+    has_dtensor = DTensor is not None and any(issubclass(tp, DTensor) for tp in {type(t) for t in tensors})
+    if not fsdp1 and not has_dtensor:
         return None
     dist = _dist()
     plain: list[torch.Tensor] = []
     meshes: dict[int, list[torch.Tensor]] = {}
     groups: dict[int, tuple[Any, list[torch.Tensor]]] = {}
     for i, t in enumerate(tensors):
-        if isinstance(t, DTensor):
+        if has_dtensor and isinstance(t, DTensor):
             meshes.setdefault(id(t.device_mesh), []).append(t)
             continue
         pg = fsdp1.get(id(owners[i])) if owners is not None and i < len(owners) else None
@@ -387,7 +389,7 @@ class DistributedMonitor(Component):
         self.clock_interval = _env_float(env.OBSERVERS_CLOCK_SYNC_INTERVAL, 0.0)
         self.straggler_interval = _env_float(env.OBSERVERS_STRAGGLER_INTERVAL, 30.0)
         self.threshold = _env_float(env.OBSERVERS_STRAGGLER_THRESHOLD, 0.2)
-        self.totals = WindowStats(0, {m: 0.0 for m in STRAGGLER_METRICS})
+        self._acc = [0, 0, 0, 0]  # steps, step ns, data ns, forward ns (training thread)
         self.clock_offset_s: float | None = 0.0 if self.rank == 0 else None
         self.clock_rtt_s: float | None = None
         self._synced = threading.Event()
@@ -561,19 +563,24 @@ class DistributedMonitor(Component):
             run.pipeline.put("call", lambda: otel.event("ml.alert", attrs))
 
     # -- training thread ------------------------------------------------------------------------
+    @property
+    def totals(self) -> WindowStats:
+        """This rank's running sums (read from the background threads)."""
+        steps, step_ns, data_ns, fwd_ns = list(self._acc)
+        return WindowStats(steps, {"step_time": step_ns * 1e-9, "data_time": data_ns * 1e-9,
+                                   "forward_time": fwd_ns * 1e-9})
+
     def on_step_end(self, run: "Run", step: int, sampled: bool) -> None:
         if step == 0:
             return  # the first step carries the job's warm-up (process group, workers, lazy init)
-        row = run.buffer.row()
-        step_ns = int(row[sb.T_END] - row[sb.T_START])
-        data_ns = int(row[sb.DATA_NS])
-        fwd_ns = max(step_ns - data_ns - int(row[sb.BWD_NS]) - int(row[sb.OPT_NS]), 0)
-        t = self.totals
-        self.totals = WindowStats(t.steps + 1, {
-            "step_time": t.sums["step_time"] + step_ns * 1e-9,
-            "data_time": t.sums["data_time"] + data_ns * 1e-9,
-            "forward_time": t.sums["forward_time"] + fwd_ns * 1e-9,
-        })
+        row = run.buffer.row().tolist()
+        step_ns = row[sb.T_END] - row[sb.T_START]
+        data_ns = row[sb.DATA_NS]
+        acc = self._acc
+        acc[0] += 1
+        acc[1] += step_ns
+        acc[2] += data_ns
+        acc[3] += max(step_ns - data_ns - row[sb.BWD_NS] - row[sb.OPT_NS], 0)
 
     def on_finish(self, run: "Run") -> None:
         self._stop.set()
