@@ -100,3 +100,18 @@ def test_rank_info_from_torchrun_env(monkeypatch):
     assert first == d.derived_run_id(0) != d.derived_run_id(1)
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
     assert d.derived_run_id(0) is None
+
+
+def test_straggler_alert_has_the_outputs_of_every_alert(store, tmp_path):
+    from observers.process.alerts import AlertWarning
+
+    seen = []
+    run = Run(ObserversConfig(dataset_name="proto", local_dir=tmp_path, alert_callback=seen.append))
+    run.rank, run.world_size, run.distributed = 0, 2, True
+    monitor = d.DistributedMonitor(run, d._Shared(store, "ns"))
+    monitor._alert(1, "data_time", 0.05, 0.01, 0.1, n=2)
+    [row] = monitor.alerts
+    assert row["rank"] == 1 and row["rule"] == "straggler" and abs(row["threshold"] - 0.03) < 1e-12
+    with pytest.warns(AlertWarning, match="rank 1 is a straggler"):
+        d._publish_alert(run, row)
+    assert [(a.rule, a.metric, a.value) for a in seen] == [("straggler", "data_time", 0.05)]

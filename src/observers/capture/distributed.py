@@ -20,8 +20,9 @@ store traffic never waits behind ours:
   :envvar:`OBSERVERS_STRAGGLER_INTERVAL` seconds from its background thread. Rank 0
   compares the ranks' means over each window with the median; a rank slower than the
   median by more than :envvar:`OBSERVERS_STRAGGLER_THRESHOLD` times the median step time
-  in two consecutive windows gets one ``straggler`` row in rank 0's ``alerts`` table, a warning
-  in the log and an ``ml.alert`` event on the run span.
+  in two consecutive windows gets one ``straggler`` row in rank 0's ``alerts`` table (its
+  ``rank`` is the straggler's) and the outputs of every alert: a Python ``AlertWarning``, an
+  OTel log record and span event ``ml.alert``, and ``alert_callback``.
 
 Gradient and parameter norms of sharded parameters (FSDP2 / tensor parallel ``DTensor``,
 FSDP1 ``FlatParameter``) are made global here too (:func:`sharded_sum_sq`): on *sampled*
@@ -553,14 +554,8 @@ class DistributedMonitor(Component):
                "rule": "straggler", "metric": metric, "layer": None, "value": value,
                "threshold": threshold, "severity": "warning", "message": message}
         self.alerts.append(row)
-        _logger.warning("observers: %s", message)
         run.emit("alerts", pa.Table.from_pylist([row], schema=tables.ALERTS))
-        otel = run.otel
-        if otel is not None:
-            attrs = {"ml.alert.rule": "straggler", "ml.alert.metric": metric, "ml.rank": rank,
-                     "ml.alert.value": value, "ml.alert.threshold": threshold,
-                     "ml.alert.severity": "warning", "ml.alert.message": message}
-            run.pipeline.put("call", lambda: otel.event("ml.alert", attrs))
+        run.pipeline.put("call", lambda: _publish_alert(run, row))
 
     # -- training thread ------------------------------------------------------------------------
     @property
@@ -602,6 +597,40 @@ class DistributedMonitor(Component):
             _try(client.queue_push, self._req_key, "stop")
         if self.clock_offset_s is not None:
             run.info["clock_offset_s"] = self.clock_offset_s
+
+
+def _publish_alert(run: "Run", row: dict[str, Any]) -> None:
+    """The other outputs every observers alert has (exporter thread): a Python warning, an
+    OTel log record and span event ``ml.alert``, and the ``alert_callback``."""
+    import warnings
+
+    from opentelemetry._logs import SeverityNumber, get_logger
+
+    from observers.process.alert_monitor import EVENT_NAME, alert_attributes
+    from observers.process.alerts import Alert, AlertWarning
+    from observers.version import __version__
+
+    alert = Alert(rule=row["rule"], metric=row["metric"], step=row["step"], value=row["value"],
+                  threshold=row["threshold"], layer=None, severity=row["severity"], action="warn",
+                  message=row["message"], time_ns=row["time"])
+    attrs = {**alert_attributes(alert, run.run_id), "ml.rank": row["rank"]}
+    outputs: list[tuple[str, Callable[[], Any]]] = [
+        ("warning", lambda: warnings.warn_explicit(f"observers alert [warning] straggler: {alert.message}",
+                                                   AlertWarning, "observers", 0, "observers.alerts")),
+        ("log record", lambda: get_logger("observers.alerts", __version__).emit(
+            timestamp=alert.time_ns, severity_number=SeverityNumber.WARN, severity_text="WARNING",
+            body=alert.message, attributes=attrs, event_name=EVENT_NAME)),
+    ]
+    if run.otel is not None:
+        outputs.append(("span event", lambda: run.otel.event(EVENT_NAME, attrs)))
+    callback = getattr(run.config, "alert_callback", None)
+    if callback is not None:
+        outputs.append(("alert_callback", lambda: callback(alert)))
+    for what, fn in outputs:
+        try:
+            fn()
+        except Exception as exc:  # noqa: BLE001 - one output failing never stops the others
+            _logger.warning("observers: straggler alert %s failed: %r", what, exc)
 
 
 def _try(fn: Callable[..., Any], *args: Any) -> Any:
