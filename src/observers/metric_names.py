@@ -215,7 +215,8 @@ def _build_aliases() -> dict[str, tuple[str, ...]]:
         add(m.otel, m.name)
         add(prom, m.name)
     for short, otel in TRAINING_ALIASES.items():
-        add(short, otel, prometheus_name(otel, "1", "gauge"))
+        # units as in observers.export.otel_signals.GAUGES: only update_ratio is a true ratio
+        add(short, otel, prometheus_name(otel, "1" if short == "update_ratio" else "", "gauge"))
         add(otel, short)
     return {k: tuple(v) for k, v in table.items()}
 

@@ -156,3 +156,13 @@ def test_under_torchrun_every_rank_reserves_the_same_run_id(monkeypatch: pytest.
         monkeypatch.setenv("RANK", rank)
         ids.append(resource.ObserversResourceDetector().detect().attributes["ml.run.id"])
     assert ids[0] == ids[1] == derived_run_id(0)
+
+
+def test_short_names_know_the_prometheus_names_of_the_training_gauges() -> None:
+    from observers import metric_names
+    from observers.export.otel_signals import GAUGES
+
+    for short, (otel, unit, _) in GAUGES.items():
+        prom = metric_names.prometheus_name(otel, unit, "gauge")
+        assert prom == otel.replace(".", "_")  # ml_train_loss, ml_train_update_ratio: no odd suffix
+        assert prom in metric_names.aliases(short)
