@@ -30,7 +30,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from observers.integrations._common import (EpochFollower, RunBinding, emit_scalars, is_number,
+from observers.integrations._common import (EpochFollower, RunBinding, emit_scalars, is_number, last_step,
                                             set_hyperparameters)
 
 EVAL_PREFIX = "eval_"
@@ -54,6 +54,8 @@ class ObserversCallback(TrainerCallback):  # type: ignore[misc]
     def __init__(self, **options: Any) -> None:
         self._binding = RunBinding(options)
         self._epochs = EpochFollower()
+        self._logged_step = -1
+        self._logged_names: set[str] = set()   # names recorded at _logged_step (epoch repeats in each log)
 
     @classmethod
     def _automatic(cls) -> "ObserversCallback":
@@ -81,9 +83,14 @@ class ObserversCallback(TrainerCallback):  # type: ignore[misc]
         run = self._binding.active()
         if run is None or not logs:
             return
+        step = last_step(run)
+        if step != self._logged_step:
+            self._logged_step, self._logged_names = step, set()
         values = {scalar_name(k): v for k, v in logs.items() if is_number(v)}
         values["trainer/global_step"] = state.global_step
-        emit_scalars(run, values)
+        values = {k: v for k, v in values.items() if k not in self._logged_names}  # one value per step
+        self._logged_names.update(values)
+        emit_scalars(run, values, step)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._binding.end()
