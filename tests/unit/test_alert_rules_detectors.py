@@ -24,29 +24,45 @@ def step_rows(step: int, *, act: dict | None = None, grad: dict | None = None, w
                      "l2_norm": 1.0, "zero_fraction": 0.5, "saturation_fraction": None,
                      **act.get(name, {})})
     for name in reversed(MODEL):
+        rows.append({"step": step, "layer": name, "kind": "grad_output", "l2_norm": 1.0, **grad.get(name, {})})
+    for name in MODEL:  # parameters are named like named_parameters(), after the step
         if name.startswith(("fc", "head")):
-            rows.append({"step": step, "layer": name, "kind": "grad_output", "l2_norm": 1.0,
-                         **grad.get(name, {})})
-            rows.append({"step": step, "layer": name, "kind": "weight_grad", "l2_norm": 1.0,
-                         **grad.get(name, {})})
-    for name in MODEL:
-        if name.startswith(("fc", "head")):
-            rows.append({"step": step, "layer": name, "kind": "weight", "l2_norm": 5.0, **weight.get(name, {})})
+            rows.append({"step": step, "layer": f"{name}.weight", "kind": "weight_grad", "layer_type": "Parameter",
+                         "l2_norm": 1.0, **grad.get(name, {})})
+            rows.append({"step": step, "layer": f"{name}.weight", "kind": "weight", "layer_type": "Parameter",
+                         "l2_norm": 5.0, **weight.get(name, {})})
     return rows
 
 
 def test_nonfinite_names_the_first_activation_in_forward_order_and_its_step():
     det = NonFinite({}, Context())
     bad = {"nan_count": 4, "l2_norm": NAN}
+    spread = {n: bad for n in ("fc1", "fc2", "head")}  # the update of a NaN step spreads it
     out = det.on_layers(layers(step_rows(0) + step_rows(10, act={"act2": bad, "fc2": bad, "head": bad},
-                                                          grad={n: bad for n in MODEL})))
+                                                          grad={n: bad for n in MODEL}, weight=spread)))
     assert [(a.rule, a.step, a.layer) for a in out] == [("nonfinite_activation", 10, "fc2")]
     assert "'fc2' (activation: 4 NaN, 0 Inf)" in out[0].message and out[0].severity == "error"
-    # the next sampled step shows non-finite weights (the update spread the NaN)
-    out = det.on_layers(layers(step_rows(20, weight={n: bad for n in ("fc1", "fc2", "head")},
-                                         act={n: bad for n in MODEL})))
-    assert [(a.rule, a.step, a.layer) for a in out] == [("nonfinite_weight", 20, "fc1")]
-    assert det.on_layers(layers(step_rows(30, weight={"fc1": bad}))) == []  # same episode
+    assert "first layer" not in out[0].message
+    # the next sampled step ran on non-finite weights: said so, not blamed on its first layer
+    out = det.on_layers(layers(step_rows(20, weight=spread, act={n: bad for n in MODEL})))
+    assert [(a.rule, a.step, a.layer) for a in out] == [("nonfinite_weight", 20, "fc1.weight")]
+    assert "already non-finite at step 10" in out[0].message
+    assert det.on_layers(layers(step_rows(30, weight=spread, act={n: bad for n in MODEL}))) == []
+
+
+def test_nonfinite_in_the_first_layer_hints_at_inputs_or_unsampled_steps():
+    det = NonFinite({}, Context())
+    bad = {"nan_count": 4, "l2_norm": NAN}
+    out = det.on_layers(layers(step_rows(10, act={n: bad for n in MODEL})))
+    assert [(a.rule, a.layer) for a in out] == [("nonfinite_activation", "fc1")]
+    assert "the input batch" in out[0].message
+
+
+def test_nonfinite_weights_from_the_optimizer_step_alone():
+    det = NonFinite({}, Context())
+    out = det.on_layers(layers(step_rows(10, weight={"fc2": {"l2_norm": float("inf")}})))
+    assert [(a.rule, a.layer) for a in out] == [("nonfinite_weight", "fc2.weight")]
+    assert "in the optimizer step" in out[0].message
 
 
 def test_nonfinite_gradient_points_where_backward_produced_it():
@@ -75,8 +91,8 @@ def test_exploding_and_vanishing_gradients_against_each_layers_history():
             grad["fc1"] = {"l2_norm": 1e-5}
         table = layers(step_rows(step, grad=grad))
         found += up.on_layers(table) + down.on_layers(table)
-    assert [(a.rule, a.step, a.layer) for a in found] == [("exploding_gradients", 60, "fc2"),
-                                                          ("vanishing_gradients", 70, "fc1")]
+    assert [(a.rule, a.step, a.layer) for a in found] == [("exploding_gradients", 60, "fc2.weight"),
+                                                          ("vanishing_gradients", 70, "fc1.weight")]
     assert "500x its recent median 1" in found[0].message
     assert "since step 70" in found[1].message
 

@@ -369,15 +369,22 @@ class Streaks:
 
 
 def _layer_order(cols: Columns, rows: np.ndarray) -> dict[str, int]:
-    """Forward order of layers in one step: first activation row, then first any row."""
+    """Forward order of the layers of one step: the order of their activation rows.
+
+    A parameter (``fc1.weight``) sorts with its module (``fc1``); names without an
+    activation row come after, in table order.
+    """
     order: dict[str, int] = {}
     layers, kinds = cols["layer"], cols["kind"]
     for i in rows:
         if kinds[i] == "activation" and layers[i] not in order:
             order[layers[i]] = len(order)
+    modules = len(order)
     for i in rows:
-        if layers[i] not in order:
-            order[layers[i]] = len(order)
+        name = layers[i]
+        if name not in order:
+            module = name.rpartition(".")[0]
+            order[name] = order[module] if module in order else modules + len(order)
     return order
 
 
@@ -429,7 +436,7 @@ class RuleSet:
         self.rules = list(rules)
         self.context = context or Context()
         self.streaks = Streaks()
-        self._glob_cache: dict[tuple[str, str], bool] = {}
+        self._glob_cache: dict[tuple[str, str, bool], bool] = {}
 
     def _alert(self, rule: Rule, step: int, value: float, first: int, time_ns: int,
                layer: str | None = None, subject: str = "") -> Alert:
@@ -503,10 +510,13 @@ class RuleSet:
         return out
 
     def _layer_match(self, rule: Rule, layer: str) -> bool:
-        key = (rule.layer or "*", layer)
+        param = rule.kind in ("weight", "weight_grad", "update")  # named like "fc1.weight"
+        key = (rule.layer or "*", layer, param)
         hit = self._glob_cache.get(key)
         if hit is None:
-            hit = self._glob_cache[key] = fnmatch.fnmatchcase(layer, key[0])
+            module = layer.rpartition(".")[0] if param else ""
+            hit = self._glob_cache[key] = (fnmatch.fnmatchcase(layer, key[0])
+                                           or bool(module) and fnmatch.fnmatchcase(module, key[0]))
         return hit
 
 

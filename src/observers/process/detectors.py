@@ -27,9 +27,10 @@ detector (rule names)  reads                            fires when (defaults)
                        activations (tanh, sigmoid)      (2) sampled steps
 ``dead_relu``          ``zero_fraction`` of ReLU        at least ``threshold`` (0.95) for
                        outputs                          ``for_steps`` (3) sampled steps
-``loss_spike``         ``loss`` every step              robust z-score (median/MAD of the last
-                                                         ``window`` (100) losses) above ``z`` (8)
-                                                         and loss > ``ratio`` (1.5) x median
+``loss_spike``         ``loss`` every step              robust z-score (against the median of the
+                                                         last ``window`` (50) losses and their
+                                                         step-to-step noise) above ``z`` (10) and
+                                                         loss > ``ratio`` (1.5) x that median
 ``update_ratio``       ``update_ratio`` (sampled)       above ``high`` (0.1) for ``for_steps`` (3)
                                                          sampled steps, or above ``extreme`` (0.5)
                                                          once: LR too high (``update_ratio_high``);
@@ -109,6 +110,15 @@ class NonFinite(Detector):
     def __init__(self, params: Mapping[str, Any], context: Context) -> None:
         super().__init__(params, context)
         self._layer_grads = False
+        self._weights_bad: tuple[str, str, float, str] | None = None  # at the last sampled step
+        self._weights_bad_step = -1
+
+    @staticmethod
+    def _describe_row(cols: Columns, row: int) -> tuple[str, str, float, str]:
+        nan_count, inf_count = cols.floats("nan_count")[row], cols.floats("inf_count")[row]
+        counts = (f": {int(nan_count)} NaN, {int(inf_count)} Inf"
+                  if math.isfinite(nan_count) and math.isfinite(inf_count) else "")
+        return str(cols["layer"][row]), str(cols["kind"][row]), float(cols.floats("l2_norm")[row]), counts
 
     def on_scalars(self, cols: Columns) -> list[Alert]:
         out = []
@@ -148,25 +158,40 @@ class NonFinite(Detector):
                 pick = max if last else min
                 return pick(hits, key=lambda i: order.get(layers[i], len(order)))
 
-            weight = first(("weight",))
-            act = first(("activation",)) if weight is None else None
-            grad = first(("weight_grad", "grad_output"), last=True) if weight is None and act is None else None
-            t = times[rows[0]]
-            for rule, row, text in (
-                ("nonfinite_weight", weight, "weights became non-finite (an earlier update with non-finite "
-                                             "gradients); first in forward order at layer"),
-                ("nonfinite_activation", act, "non-finite activation first (in forward order) at layer"),
-                ("nonfinite_gradient", grad, "non-finite gradient first produced by backward at layer"),
-            ):
-                key = (rule, "")
-                if self.streaks.update(key, row is not None, step, 1) is None or row is None:
+            # weight rows hold the weights *after* this step's update: the forward of this step
+            # ran with those of the previous sampled step (``self._weights_bad``)
+            weight_now = first(("weight",))
+            act = first(("activation",))
+            grad = first(("weight_grad", "grad_output"), last=True)
+            finding: tuple[str, Any, str] | None = None
+            if act is not None and self._weights_bad is not None:
+                finding = ("nonfinite_weight", self._weights_bad,
+                           f"weights were already non-finite at step {self._weights_bad_step} (an earlier "
+                           f"update spread the first NaN/Inf); first in forward order at layer")
+            elif act is not None:
+                finding = ("nonfinite_activation", act, "non-finite activation first (in forward order) at layer")
+            elif grad is not None:
+                finding = ("nonfinite_gradient", grad,
+                           "non-finite gradient first reached (in backward order) the output of layer")
+            elif weight_now is not None:
+                finding = ("nonfinite_weight", weight_now, "weights became non-finite in the optimizer step "
+                                                           "(finite activations and gradients); first at layer")
+            for rule in ("nonfinite_activation", "nonfinite_gradient", "nonfinite_weight"):
+                hit = finding is not None and finding[0] == rule
+                if self.streaks.update((rule, ""), hit, step, 1) is None or finding is None:
                     continue
-                nan_count, inf_count = cols.floats("nan_count")[row], cols.floats("inf_count")[row]
-                counts = (f": {int(nan_count)} NaN, {int(inf_count)} Inf"
-                          if math.isfinite(nan_count) and math.isfinite(inf_count) else "")
-                out.append(self.alert(rule, str(kinds[row]), step, cols.floats("l2_norm")[row], time_ns=t,
-                                      layer=str(layers[row]),
-                                      message=f"{text} {layers[row]!r} ({kinds[row]}{counts}) at step {step}"))
+                row, text = finding[1], finding[2]
+                name, kind, value, counts = row if isinstance(row, tuple) else self._describe_row(cols, row)
+                hint = ""
+                if rule == "nonfinite_activation" and order.get(name) == 0:
+                    hint = ("; it is the first layer: the input batch, or weights made non-finite by an "
+                            "unsampled earlier step, are likely (a smaller sample_interval localises it)")
+                out.append(self.alert(rule, kind, step, value, time_ns=times[rows[0]], layer=name,
+                                      message=f"{text} {name!r} ({kind}{counts}) at step {step}{hint}"))
+            if weight_now is None:
+                self._weights_bad = None
+            elif self._weights_bad is None:
+                self._weights_bad, self._weights_bad_step = self._describe_row(cols, weight_now), step
         return out
 
 
@@ -316,10 +341,15 @@ class DeadReLU(_ActivationFraction):
 
 
 class LossSpike(Detector):
-    """Upward loss outliers against a robust (median / MAD) baseline."""
+    """Upward loss outliers against a robust baseline that tolerates a trending loss.
+
+    Baseline: the median of the last ``window`` losses. Noise: the median absolute
+    difference between consecutive losses (x 1.4826 / sqrt 2, the standard deviation of
+    Gaussian noise), which a slow downward trend does not inflate the way a MAD would.
+    """
 
     name = rule = "loss_spike"
-    defaults = {"z": 8.0, "ratio": 1.5, "window": 100, "min_history": 20}
+    defaults = {"z": 10.0, "ratio": 1.5, "window": 50, "min_history": 20}
 
     def __init__(self, params: Mapping[str, Any], context: Context) -> None:
         super().__init__(params, context)
@@ -335,9 +365,8 @@ class LossSpike(Detector):
             if len(self.history) >= self.p["min_history"]:
                 hist = np.fromiter(self.history, dtype=np.float64)
                 median = float(np.median(hist))
-                mad = float(np.median(np.abs(hist - median))) * 1.4826
-                scale = max(mad, 1e-12 * max(abs(median), 1.0))
-                z = (value - median) / scale
+                noise = float(np.median(np.abs(np.diff(hist)))) * 1.4826 / math.sqrt(2)
+                z = (value - median) / max(noise, 1e-12 * max(abs(median), 1.0))
                 spike = z > self.p["z"] and value - median > (self.p["ratio"] - 1.0) * abs(median)
             if self.streaks.update((self.rule, ""), spike, step, 1) is not None:
                 out.append(self.alert(self.rule, "loss", step, value, threshold=median, time_ns=t,
