@@ -79,7 +79,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory, vm: VictoriaMetrics) -> dict[
     def rows(table: str) -> int:
         return sum(pq.read_metadata(p).num_rows for p in (data / table).rglob("*.parquet"))
 
-    return {"run": runs.column("run_id")[0].as_py(), "start": start, "end": time.time(),
+    return {"run": runs.column("run_id")[0].as_py(), "start": start, "end": time.time(), "data": data,
             "layers": rows("layers"), "alerts": rows("alerts"), "gpu": fake_gpus}
 
 
@@ -138,6 +138,25 @@ def test_panel_query_returns_data(vm: VictoriaMetrics, demo: dict[str, Any], boa
     if why:
         pytest.skip(f"{board} / {title}: not checked: {why}")
     _check_target(vm, board, title, target, _values(vm, demo), demo["start"], demo["end"])
+
+
+def test_layer_series_hold_the_last_sampled_step(vm: VictoriaMetrics, demo: dict[str, Any]) -> None:
+    """The run's final flush carries the per-layer values of its last sampled step."""
+    if not demo["layers"]:
+        pytest.skip("the demo run wrote no `layers` rows (per-layer statistics are not in this build)")
+    import pyarrow as pa
+
+    table = pa.concat_tables(pq.read_table(p) for p in sorted((demo["data"] / "layers").rglob("*.parquet")))
+    last = table.filter(pa.compute.equal(table.column("step"), pa.compute.max(table.column("step"))))
+    expected = {}
+    for row in last.select(["layer", "kind", "l2_norm", "mean"]).to_pylist():
+        expected[(row["layer"], row["kind"])] = row
+    got = vm.values(f'ml_layer_l2_norm{{ml_run_id="{demo["run"]}"}}')
+    assert got, "no per-layer series"
+    for labels, value in got.items():
+        labels = dict(labels)
+        assert value == pytest.approx(expected[(labels["ml_layer_name"], labels["ml_layer_kind"])]["l2_norm"], rel=1e-9)
+    assert len(got) == len({k for k, r in expected.items() if r["l2_norm"] is not None})
 
 
 def test_layer_panels_with_rows_through_the_otlp_sink(vm: VictoriaMetrics) -> None:

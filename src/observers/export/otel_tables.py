@@ -39,6 +39,7 @@ import pyarrow.compute as pc
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 
+from observers.export.otel_signals import FLUSH_MILLIS
 from observers.run import COMPONENT_FACTORIES, Component, Run
 from observers.version import __version__
 
@@ -68,7 +69,8 @@ class TableMetrics:
         self.skipped_layers = 0                # distinct layers left out by the cap
         self.latest: dict[tuple[str, str], dict[str, float]] = {}
         self._lock = threading.Lock()
-        self._inst = _instruments(meter_provider or metrics.get_meter_provider())
+        self._provider = meter_provider or metrics.get_meter_provider()
+        self._inst = _instruments(self._provider)
         with _ACTIVE_LOCK:
             _ACTIVE.append(self)
 
@@ -83,6 +85,13 @@ class TableMetrics:
         pass
 
     def close(self) -> None:
+        """Export the last layer values (bounded), then stop reporting this run's gauges."""
+        flush = getattr(self._provider, "force_flush", None)  # absent without an SDK
+        if self.latest and flush is not None:
+            try:
+                flush(FLUSH_MILLIS)
+            except Exception as exc:  # noqa: BLE001 - an exporter failure never reaches training
+                _logger.warning("observers: flushing per-layer OTel metrics failed: %r", exc)
         with _ACTIVE_LOCK:
             if self in _ACTIVE:
                 _ACTIVE.remove(self)
