@@ -135,3 +135,21 @@ def test_missing_dataset_is_one_clear_error(capsys, tmp_path):
     err = capsys.readouterr().err
     assert err.startswith("observers: error: ") and "not a dataset folder" in err
     assert "Traceback" not in err
+
+
+def test_docs_render_examples_script(sweep, tmp_path):
+    """docs/examples/render_examples.py (which regenerates the docs' figures and report)."""
+    proc = run_script(REPO / "docs" / "examples" / "render_examples.py", tmp_path, instrumented=False,
+                      args=("--dataset", str(sweep), "--out", str(tmp_path / "out")))
+    out = tmp_path / "out"
+    assert proc.stdout.count("wrote ") == 4
+    for name in ("compare.png", "loss_lr.png"):
+        assert (out / name).read_bytes()[:8] == PNG
+    assert "learning rate 100x smaller in v2 than in v1" in (out / "compare.txt").read_text()
+    html = (out / "report.html").read_text()
+    assert html.count('src="data:image/png;base64,') >= 4
+    # the committed examples are the same kind of output
+    docs = REPO / "docs" / "examples"
+    assert (docs / "compare.png").read_bytes()[:8] == PNG
+    assert "learning rate 100x smaller in v2 than in v1" in (docs / "compare.txt").read_text()
+    assert "learning rate 100x smaller in v2 than in v1" in (docs / "report.html").read_text()

@@ -187,3 +187,11 @@ def test_errors_name_what_is_available(lr_runs):
         compare_experiments(lr_runs[0], metrics=["accuracy"])
     with pytest.raises(ValueError, match="smoothing must be"):
         compare_experiments(lr_runs[0], smoothing="gaussian")
+
+
+def test_notebook_display_of_a_comparison(cmp):
+    html = cmp._repr_html_()
+    assert "<li class='warning'>learning rate 100x smaller in v2 than in v1" in html
+    assert html.count('src="data:image/png;base64,') == 1
+    assert "<th>optimizer lr</th>" in html or ">optimizer lr<" in html
+    assert repr(cmp).startswith("<Comparison of 2 runs on ['loss', 'grad_norm']")

@@ -95,8 +95,8 @@ def system_title(name: str) -> str:
     return name
 
 
-HIGHER_IS_BETTER = re.compile(r"(acc|accuracy|f1|auc|precision|recall|score|throughput|reward|bleu|rouge)",
-                              re.I)
+_HIGHER = re.compile(r"(acc|accuracy|f1|auc|precision|recall|score|reward|bleu|rouge|map\b)", re.I)
+_LOWER = re.compile(r"(loss|err|error|perplexity|ppl|nll|mse|mae|rmse|wer|cer)", re.I)
 
 
 def metric_label(name: str, *, with_unit: bool = True) -> str:
@@ -162,8 +162,13 @@ def set_log_scale(ax, axis: str = "y") -> None:
     target.set_minor_formatter(_Plain(labelOnlyBase=False, minor_thresholds=(1.5, 0.6)))
 
 
-def higher_is_better(metric: str) -> bool:
-    return bool(HIGHER_IS_BETTER.search(metric))
+def objective(metric: str) -> str | None:
+    """``"min"`` for loss-like names, ``"max"`` for accuracy-like ones, else ``None``."""
+    if _LOWER.search(metric):
+        return "min"
+    if _HIGHER.search(metric):
+        return "max"
+    return None
 
 
 def fmt_number(value: object, digits: int = 4) -> str:

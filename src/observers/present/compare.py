@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from observers.present._style import fmt_factor, fmt_number, higher_is_better, metric_label, set_log_scale, wants_log
+from observers.present._style import fmt_factor, fmt_number, metric_label, objective, set_log_scale, wants_log
 from observers.present.dataset import RunSet, load_dataset
 
 RunSource = "str | os.PathLike[str] | RunSet"
@@ -121,6 +121,28 @@ def _lr_columns(metrics: pd.DataFrame) -> list[str]:
 _ARGV_SKIP = 1
 
 
+def _flat_hyperparameters(raw: Any, limit: int = 200) -> dict[str, Any]:
+    """Framework-reported hyperparameters (runs.hyperparameters JSON), flattened two levels."""
+    if not isinstance(raw, str) or not raw:
+        return {}
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return {}
+    out: dict[str, Any] = {}
+
+    def walk(prefix: str, value: Any, depth: int) -> None:
+        if isinstance(value, dict) and depth < 2:
+            for k, v in value.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), v, depth + 1)
+        elif isinstance(value, (int, float, str, bool)) or value is None:
+            if not (isinstance(value, str) and len(value) > limit):
+                out[prefix] = value
+    if isinstance(data, dict):
+        walk("", data, 0)
+    return out
+
+
 class Comparison:
     """Result of :func:`compare_experiments`.
 
@@ -183,14 +205,17 @@ class Comparison:
             if isinstance(given, (int, float)) and metric == self.metrics[0]:
                 out[metric] = float(given)
                 continue
+            goal = objective(metric)
+            if goal is None:
+                continue
             bests = []
             for run in self.runs:
                 s = self.series(metric, run)
                 s = s[np.isfinite(s)]
                 if not s.empty:
-                    bests.append(s.max() if higher_is_better(metric) else s.min())
+                    bests.append(s.max() if goal == "max" else s.min())
             if bests:  # the level every run reaches: who gets there first?
-                out[metric] = float(min(bests) if higher_is_better(metric) else max(bests))
+                out[metric] = float(min(bests) if goal == "max" else max(bests))
         return out
 
     def _summary(self) -> pd.DataFrame:
@@ -200,17 +225,20 @@ class Comparison:
             for metric in self.metrics:
                 s = self.series(metric, r.label)
                 finite = s[np.isfinite(s)]
-                hib = higher_is_better(metric)
+                goal = objective(metric)
                 row[f"{metric} final"] = float(s.iloc[-1]) if len(s) else np.nan
-                if len(finite):
-                    best_step = finite.idxmax() if hib else finite.idxmin()
+                if goal is None:  # not an objective (grad_norm, learning_rate ...): its range
+                    row[f"{metric} min"] = float(finite.min()) if len(finite) else np.nan
+                    row[f"{metric} max"] = float(finite.max()) if len(finite) else np.nan
+                elif len(finite):
+                    best_step = finite.idxmax() if goal == "max" else finite.idxmin()
                     row[f"{metric} best"] = float(finite[best_step])
                     row[f"{metric} best step"] = int(best_step)
                 else:
                     row[f"{metric} best"], row[f"{metric} best step"] = np.nan, np.nan
                 thr = self.thresholds.get(metric)
                 if thr is not None:
-                    hit = finite[finite >= thr] if hib else finite[finite <= thr]
+                    hit = finite[finite >= thr] if goal == "max" else finite[finite <= thr]
                     row[f"{metric} steps to {fmt_number(thr, 3)}"] = int(hit.index[0]) if len(hit) else np.nan
             m = r.metrics
             row["steps"] = int(r.info["steps"]) if _num(r.info.get("steps")) is not None else len(m)
@@ -269,6 +297,8 @@ class Comparison:
                                  ("torch", "torch_version"), ("dataset", "dataset")):
                 v = info.get(key)
                 put(setting, r.label, None if v is None or (isinstance(v, float) and math.isnan(v)) else v)
+            for key, value in _flat_hyperparameters(info.get("hyperparameters")).items():
+                put(f"hyperparameter {key}", r.label, value)
             try:
                 argv = json.loads(info.get("argv") or "[]")
             except (TypeError, ValueError):
@@ -383,7 +413,7 @@ class Comparison:
                     step = int(bad.index[0])
                     out.append(Finding("curve", metric, run,
                                        f"{metric} of {run} becomes {bad.iloc[0]} at step {step}", step=step))
-        primary = next((m for m in self.metrics if not higher_is_better(m)
+        primary = next((m for m in self.metrics if objective(m) == "min"
                         and any(not self.series(m, r).empty for r in self.runs)), None)
         if primary is None:
             return out
@@ -540,10 +570,13 @@ def compare_experiments(runs: Any, metrics: Sequence[str] | None = None, smooth_
         smooth_window: points in the moving average (1 = no smoothing).
         smoothing: ``"mean"`` (moving average) or ``"ema"``.
         thresholds: level for "steps to threshold", per metric (a number applies to the
-            first metric); default: the best value that every run reaches.
+            first metric); default for loss-like metrics (``loss``, ``*error*``, ``ppl``...,
+            lower is better) and accuracy-like ones (higher is better): the best smoothed
+            value that every run reaches. Other metrics get ``min``/``max`` columns instead.
         flag_factor: settings that differ by at least this factor are reported.
-        divergence: relative gap of the smoothed curves at the end above which they are
-            reported as diverging (0.25 = 25%).
+        divergence: two smoothed loss curves "diverge" from the step after which they stay
+            apart by more than this fraction of the smaller value and of the range both
+            curves cover (0.25 = 25%), up to the last common step.
 
     Returns:
         A :class:`Comparison` (``frame``, ``smoothed``, ``summary``, ``config_diff``,

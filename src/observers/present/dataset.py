@@ -337,8 +337,8 @@ class RunSet:
         keys = ["run_id", "rank", "step"]
         if long.empty:
             return pd.DataFrame(columns=[*keys, "epoch", "time"])
-        wide = long.pivot_table(index=keys, columns="name", values="value", aggfunc="last",
-                                dropna=False, sort=True)
+        wide = (long.drop_duplicates([*keys, "name"], keep="last")
+                .pivot(index=keys, columns="name", values="value"))
         wide.columns.name = None
         meta = long.groupby(keys, sort=True).agg(epoch=("epoch", "max"), time=("time", "max"))
         out = meta.join(wide).reset_index()

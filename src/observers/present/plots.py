@@ -131,10 +131,16 @@ def _available(ds: RunSet) -> list[str]:
     return names
 
 
+_LEFT_STYLES = ("-", "-.", (0, (5, 1, 1, 1, 1, 1)), (0, (8, 2)))
+_RIGHT_STYLES = ("--", ":", (0, (3, 1, 1, 1)), (0, (1, 2)))
+
+
 def _draw(ax, ds: RunSet, metrics: Sequence[str], x: str, smooth_window: int | None,
-          linestyle: str, colors: dict[tuple[str, str], str], multi_run: bool) -> list[np.ndarray]:
+          styles: Sequence[object], colors: dict[str, str], multi_run: bool) -> list[np.ndarray]:
+    """Draw metrics; several runs: one colour per run, one line style per metric."""
     drawn: list[np.ndarray] = []
-    for metric in metrics:
+    for i, metric in enumerate(metrics):
+        linestyle = styles[i % len(styles)] if multi_run else styles[0]
         for rid in ds.run_ids:
             for suffix, s in metric_series(ds, rid, metric, x):
                 if s.empty:
@@ -145,8 +151,10 @@ def _draw(ax, ds: RunSet, metrics: Sequence[str], x: str, smooth_window: int | N
                 if multi_run:
                     parts.insert(0, ds.labels[rid])
                 label = " · ".join(parts)
-                color = colors.setdefault((rid, metric + suffix), f"C{len(colors) % 10}")
-                sparse = len(s) < 60
+                key = rid if multi_run else f"{metric}|{suffix}"
+                color = colors.setdefault(key, f"C{len(colors) % 10}")
+                span = float(s.index.max() - s.index.min()) + 1 if len(s) else 0.0
+                sparse = len(s) < 25 or len(s) < 0.5 * span
                 if smooth_window and smooth_window > 1:
                     ax.plot(s.index, s.to_numpy(), color=color, alpha=0.25, linewidth=0.8, linestyle=linestyle)
                     s = s.rolling(smooth_window, min_periods=1).mean()
@@ -192,8 +200,8 @@ def plot_metrics(ds: RunSet | str, left_metrics: Sequence[str] = ("loss",),
     fig = Figure(figsize=figsize, layout="constrained")
     ax = fig.add_subplot()
     multi = len(ds.run_ids) > 1
-    colors: dict[tuple[str, str], str] = {}
-    drawn = _draw(ax, ds, left, x, smooth_window, "-", colors, multi)
+    colors: dict[str, str] = {}
+    drawn = _draw(ax, ds, left, x, smooth_window, _LEFT_STYLES, colors, multi)
     ax.set_xlabel("step" if x == "step" else "time since start (s)")
     ax.set_ylabel(_axis_label(ds, left))
     if log_left if log_left is not None else wants_log(drawn):
@@ -202,7 +210,7 @@ def plot_metrics(ds: RunSet | str, left_metrics: Sequence[str] = ("loss",),
     handles, labels = ax.get_legend_handles_labels()
     if right:
         ax2 = ax.twinx()
-        drawn2 = _draw(ax2, ds, right, x, None, "--", colors, multi)
+        drawn2 = _draw(ax2, ds, right, x, None, _RIGHT_STYLES, colors, multi)
         ax2.set_ylabel(_axis_label(ds, right))
         if {_unit(ds, m) for m in right} == {"%"}:
             ax2.set_ylim(0, max(100.0, ax2.get_ylim()[1]))
@@ -238,6 +246,10 @@ def _layer_grid(ds: RunSet, stat: str, kind: str | None, run: str | None) -> tup
     rows = rows[rows["kind"] == kind]
     order = list(dict.fromkeys(rows.sort_values(["step"], kind="stable")["layer"]))
     grid = rows.pivot_table(index="layer", columns="step", values=stat, aggfunc=_LAYER_AGG.get(stat, "mean"))
+    if grid.empty or not np.isfinite(grid.to_numpy(dtype=float)).any():
+        recorded = [c for c in ("mean", "std", "min", "max", "l2_norm", "zero_fraction", "nan_count")
+                    if c in rows and rows[c].notna().any()]
+        raise ValueError(f"{stat!r} is not recorded for {kind!r} rows; recorded: {', '.join(recorded)}")
     return grid.reindex([lay for lay in order if lay in grid.index]), kind
 
 

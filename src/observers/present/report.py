@@ -52,6 +52,9 @@ def _esc(value: Any) -> str:
 def table_html(frame: pd.DataFrame, *, index: bool = True, max_rows: int = 200) -> str:
     """A DataFrame as an HTML table with compact numbers (all text escaped)."""
     shown = frame.head(max_rows).copy()
+    if index:  # one header row: the index becomes the first column
+        shown = shown.reset_index()
+        index = False
     for col in shown.columns:
         shown[col] = [v if isinstance(v, str) else fmt_number(v) if v is not None and not _isna(v) else ""
                       for v in shown[col]]
@@ -93,7 +96,7 @@ def runset_html(ds: RunSet) -> str:
     return "\n".join(parts)
 
 
-def comparison_html(cmp: "Comparison", *, figure: bool = True) -> str:
+def comparison_html(cmp: "Comparison", *, figure: bool = True, dpi: int = 100) -> str:
     """Findings, summary, settings that differ and the figure of a comparison."""
     parts = [f"<p>Runs: {_esc(', '.join(cmp.runs))} (baseline <b>{_esc(cmp.baseline)}</b>); "
              f"metrics: {_esc(', '.join(cmp.metrics))}; smoothing: "
@@ -107,25 +110,24 @@ def comparison_html(cmp: "Comparison", *, figure: bool = True) -> str:
     if not cmp.config_diff.empty:
         parts.append("<h3>Settings that differ</h3>" + table_html(cmp.config_diff))
     if figure:
-        parts.append(_img(cmp.figure, "comparison of " + ", ".join(cmp.runs)))
+        parts.append(_img(cmp.figure, "comparison of " + ", ".join(cmp.runs), dpi))
     return "\n".join(parts)
 
 
-def _try_figure(make: Callable[[], "Figure"], alt: str) -> str | None:
+def _try_figure(make: Callable[[], "Figure"], alt: str, dpi: int) -> str | None:
     try:
         fig = make()
     except ValueError as exc:
         _logger.info("report: skipping %s: %s", alt, exc)
         return None
-    return _img(fig, alt)
+    return _img(fig, alt, dpi)
 
 
-def _dataset_sections(ds: RunSet, smooth_window: int) -> list[str]:
+def _dataset_sections(ds: RunSet, smooth_window: int, dpi: int) -> list[str]:
     from observers.present.plots import plot_layers, plot_metrics, plot_system
 
     names = set(ds.metric_names)
-    out = [f"<h2>{_esc(ds.source)}</h2>", f"<p class='meta'>{_esc(ds.root)}</p>",
-           "<h3>Runs</h3>", table_html(summary_frame(ds))]
+    out = [f"<h2>{_esc(ds.source)}</h2>", "<h3>Runs</h3>", table_html(summary_frame(ds))]
     figures: list[tuple[str, Callable[[], "Figure"]]] = []
     if "loss" in names:
         right = ["learning_rate"] if "learning_rate" in names else []
@@ -145,7 +147,8 @@ def _dataset_sections(ds: RunSet, smooth_window: int) -> list[str]:
             right = ["throughput"] if "throughput" in set(one.metric_names) else []
             figures.append((f"Step time by phase: {ds.labels[rid]}",
                             lambda one=one, phases=phases, right=right: plot_metrics(
-                                one, phases, right, title=f"{one.label}: step time by phase")))
+                                one, phases, right, smooth_window=smooth_window,
+                                title=f"{one.label}: step time by phase")))
     if not ds.layers.empty:
         for rid in ds.run_ids[:4]:
             figures.append((f"Per-layer gradient norms: {ds.labels[rid]}",
@@ -153,7 +156,7 @@ def _dataset_sections(ds: RunSet, smooth_window: int) -> list[str]:
     if not ds.system.empty:
         figures.append(("System", lambda: plot_system(ds)))
     for heading, make in figures:
-        img = _try_figure(make, heading)
+        img = _try_figure(make, heading, dpi)
         if img:
             out += [f"<h3>{_esc(heading)}</h3>", img]
     alerts = ds.alerts
@@ -170,7 +173,7 @@ def _dataset_sections(ds: RunSet, smooth_window: int) -> list[str]:
 
 def build_report(sources: Sequence[str | os.PathLike[str] | RunSet] | str | os.PathLike[str] | RunSet, *,
                  metrics: Sequence[str] | None = None, smooth_window: int = 5,
-                 title: str | None = None, progress: bool | None = None) -> str:
+                 title: str | None = None, progress: bool | None = None, dpi: int = 100) -> str:
     """The HTML text of a report on one or more datasets (see :func:`write_report`)."""
     from observers.present.compare import compare_experiments
 
@@ -184,11 +187,11 @@ def build_report(sources: Sequence[str | os.PathLike[str] | RunSet] | str | os.P
     if sum(len(s) for s in sets) > 1:
         try:
             cmp = compare_experiments(sets, metrics=metrics, smooth_window=smooth_window)
-            body += ["<h2>Comparison</h2>", comparison_html(cmp)]
+            body += ["<h2>Comparison</h2>", comparison_html(cmp, dpi=dpi)]
         except ValueError as exc:
             body += ["<h2>Comparison</h2>", f"<p class='meta'>{_esc(exc)}</p>"]
     for ds in sets:
-        body += _dataset_sections(ds, smooth_window)
+        body += _dataset_sections(ds, smooth_window, dpi)
     return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
             f"<meta name='viewport' content='width=device-width, initial-scale=1'><title>{_esc(title)}</title>"
             f"<style>{_CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
@@ -201,7 +204,7 @@ def write_report(sources: Sequence[str | os.PathLike[str] | RunSet] | str | os.P
     Args:
         sources: datasets (folders, names, Hub repo ids or :class:`RunSet` objects).
         path: the HTML file to write.
-        **options: ``metrics``, ``smooth_window``, ``title``, ``progress`` (as
+        **options: ``metrics``, ``smooth_window``, ``title``, ``progress``, ``dpi`` (as
             :func:`build_report`).
 
     Example::
