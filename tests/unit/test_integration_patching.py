@@ -83,3 +83,53 @@ def test_observation_installs_and_removes_all_patches(tmp_path):
         opt.step()
     assert GradScaler.scale is scale and GradScaler.update is update
     assert not any(isinstance(f, _PostImportFinder) for f in sys.meta_path)
+
+
+SHARDED = textwrap.dedent("""
+    import os, sys, tempfile
+    import torch, torch.distributed as dist
+    from torch.amp.grad_scaler import GradScaler
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+    from observers import Observation
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    before = (GradScaler.__init__, GradScaler.scale, ShardedGradScaler.scale, ShardedGradScaler.update)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with tempfile.TemporaryDirectory() as d, Observation(dataset_name="sharded", local_dir=d) as obs:
+        scaler = ShardedGradScaler("cpu", init_scale=1024.0)
+        for i in range(3):
+            loss = model(torch.randn(4, 3)).pow(2).mean() * (float("inf") if i == 1 else 1.0)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+            recorded = [t for t, (_, name) in zip(obs._run.buffer.device, obs._run.buffer.device_index)
+                        if name == "loss"][-1]
+            print("loss", i, float(recorded) == loss.item() or loss.item() != loss.item(), flush=True)
+        print("steps", obs.step)
+    after = (GradScaler.__init__, GradScaler.scale, ShardedGradScaler.scale, ShardedGradScaler.update)
+    print("restored", before == after)
+    dist.destroy_process_group()
+""")
+
+
+def test_sharded_grad_scaler_subclass_is_wrapped_and_restored(tmp_path):
+    """FSDP's ShardedGradScaler overrides scale/update: wrapped when its instance is created."""
+    import socket
+    import subprocess
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = tmp_path / "sharded.py"
+    script.write_text(SHARDED)
+    out = subprocess.run([sys.executable, str(script), str(port)], capture_output=True, text=True, timeout=120,
+                         cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert [ln for ln in lines if ln.startswith("loss")] == ["loss 0 True", "loss 1 True", "loss 2 True"]
+    assert "steps 3" in lines, "the step the scaler skipped (inf) is a step too"
+    assert "restored True" in lines
