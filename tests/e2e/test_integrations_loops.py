@@ -107,3 +107,27 @@ def test_accelerate_accumulate_and_backward(tmp_path, monkeypatch):
     shards = sorted(p.name for p in (r["dir"] / "data" / "scalars").glob("*/*.parquet"))
     assert shards == ["epoch-00000.parquet", "epoch-00001.parquet"], \
         "the prefetching loader does not split an epoch's last step into a late shard"
+
+
+def test_leftover_accumulation_step_after_the_loader_stays_in_its_epoch(tmp_path):
+    """10 batches, 4 per step: the third step happens after the loader ran out."""
+    torch.manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(40, 3), torch.randn(40, 1))
+    loader = torch.utils.data.DataLoader(data, batch_size=4)
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with Observation(dataset_name="leftover", local_dir=tmp_path) as obs:
+        for _ in range(2):
+            for i, (x, y) in enumerate(loader):
+                (torch.nn.functional.mse_loss(model(x), y) / 4).backward()
+                if (i + 1) % 4 == 0:
+                    opt.step()
+                    opt.zero_grad()
+            opt.step()  # the 2 leftover micro-batches
+            opt.zero_grad()
+    df = load_dataset(str(obs.dataset_dir), "scalars", split="train", cache_dir=str(tmp_path / "c")).to_pandas()
+    steps = df.drop_duplicates("step").sort_values("step")
+    assert steps.epoch.tolist() == [0, 0, 0, 1, 1, 1]
+    assert df[df.name == "micro_batches"].sort_values("step").value.tolist() == [4, 4, 2, 4, 4, 2]
+    shards = sorted(p.name for p in (obs.dataset_dir / "data" / "scalars").glob("*/*.parquet"))
+    assert shards == ["epoch-00000.parquet", "epoch-00001.parquet"]
