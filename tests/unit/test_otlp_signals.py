@@ -166,3 +166,17 @@ def test_short_names_know_the_prometheus_names_of_the_training_gauges() -> None:
         prom = metric_names.prometheus_name(otel, unit, "gauge")
         assert prom == otel.replace(".", "_")  # ml_train_loss, ml_train_update_ratio: no odd suffix
         assert prom in metric_names.aliases(short)
+
+
+def test_a_finished_run_reports_its_last_values_a_little_longer() -> None:
+    """No blocking flush at the end of training: the next collects still see the last values."""
+    import time
+
+    reader = InMemoryMetricReader()
+    sink = TableMetrics("run-5", 0, 4, meter_provider=MeterProvider([reader]))
+    sink.write("layers", _layers_rows(0, ["a"]), 0)
+    sink.linger = 0.3
+    sink.close()
+    assert [v for _, v in _points(reader)["ml.layer.l2_norm"]] == [10.0]  # e.g. the SDK's collect at exit
+    time.sleep(0.4)
+    assert "ml.layer.l2_norm" not in _points(reader)

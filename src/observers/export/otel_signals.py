@@ -24,7 +24,9 @@ Data points carry ``ml.run.id`` and ``ml.rank``; the other resource attributes c
 from __future__ import annotations
 
 import logging
+import os
 import threading
+import time
 from typing import Any, Iterable, Mapping
 
 import numpy as np
@@ -50,8 +52,26 @@ GAUGES: dict[str, tuple[str, str, str]] = {
     "param_norm": ("ml.train.param_norm", "", "Global L2 norm of the parameters (sampled steps)"),
     "update_ratio": ("ml.train.update_ratio", "1", "||update|| / ||params|| (sampled steps)"),
 }
-FLUSH_MILLIS = 5000
-"""Bound on the flush of the global providers when a run ends."""
+
+
+def linger_seconds() -> float:
+    """How long a finished run keeps reporting its last gauge values: two export intervals
+    plus a second, so every metric reader exports them once more (and the SDK's final
+    collect at exit, which runs after the run finished, still sees them) without a
+    blocking flush at the end of training."""
+    try:
+        interval = float(os.environ.get("OTEL_METRIC_EXPORT_INTERVAL", "60000")) / 1000
+    except ValueError:
+        interval = 60.0
+    return 2 * max(interval, 0.0) + 1
+
+
+def reporting(active: list[Any], lock: threading.Lock) -> list[Any]:
+    """The entries of ``active`` (objects with ``finished_at``) still reporting; prunes the rest."""
+    now = time.monotonic()
+    with lock:
+        active[:] = [a for a in active if a.finished_at is None or now - a.finished_at <= a.linger]
+        return list(active)
 
 
 class DatasetSpanProcessor(SpanProcessor):
@@ -106,6 +126,8 @@ class OtelSignals:
         self._epoch_no = -1
         self.latest: dict[str, float] = {}
         self.nonfinite = 0
+        self.finished_at: float | None = None
+        self.linger = linger_seconds()
         self._lock = threading.Lock()
         self._setup_metrics()
 
@@ -213,18 +235,9 @@ class OtelSignals:
         return spans_to_table(spans, default_run_id) if spans else None
 
     def shutdown(self) -> None:
-        """Export the run's last values and spans now (bounded), then stop reporting it."""
-        for provider in (metrics.get_meter_provider(), trace.get_tracer_provider()):
-            flush = getattr(provider, "force_flush", None)
-            if flush is not None:
-                try:
-                    flush(FLUSH_MILLIS)
-                except Exception as exc:  # noqa: BLE001 - an exporter failure never reaches training
-                    _logger.warning("observers: flushing OTel signals failed: %r", exc)
+        """The run ended: its gauges report their last values for :func:`linger_seconds` more."""
         self.processor.enabled = False
-        with _ACTIVE_LOCK:
-            if self in _ACTIVE:
-                _ACTIVE.remove(self)
+        self.finished_at = time.monotonic()
         if self._private_provider is not None:
             self._private_provider.shutdown()
 
@@ -241,8 +254,7 @@ class _Instruments:
 
         def gauge(name: str, key: str, unit: str, description: str) -> None:
             def callback(options: CallbackOptions) -> Iterable[Observation]:
-                with _ACTIVE_LOCK:
-                    runs = list(_ACTIVE)
+                runs = reporting(_ACTIVE, _ACTIVE_LOCK)
                 for run in runs:
                     with run._lock:
                         value = run.latest.get(key)
@@ -254,8 +266,7 @@ class _Instruments:
             gauge(name, key, unit, description)
 
         def lr_callback(options: CallbackOptions) -> Iterable[Observation]:
-            with _ACTIVE_LOCK:
-                runs = list(_ACTIVE)
+            runs = reporting(_ACTIVE, _ACTIVE_LOCK)
             for run in runs:
                 with run._lock:
                     items = [(k, v) for k, v in run.latest.items() if k.startswith("learning_rate")]

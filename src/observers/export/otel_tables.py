@@ -31,6 +31,7 @@ from __future__ import annotations
 import fnmatch
 import logging
 import threading
+import time
 from typing import Any, Iterable
 
 import numpy as np
@@ -39,7 +40,7 @@ import pyarrow.compute as pc
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 
-from observers.export.otel_signals import FLUSH_MILLIS
+from observers.export.otel_signals import linger_seconds, reporting
 from observers.run import COMPONENT_FACTORIES, Component, Run
 from observers.version import __version__
 
@@ -69,10 +70,11 @@ class TableMetrics:
         self.skipped_layers = 0                # distinct layers left out by the cap
         self.latest: dict[tuple[str, str], dict[str, float]] = {}
         self._lock = threading.Lock()
-        self._provider = meter_provider or metrics.get_meter_provider()
-        self._inst = _instruments(self._provider)
-        with _ACTIVE_LOCK:
-            _ACTIVE.append(self)
+        self.finished_at: float | None = None
+        self.linger = linger_seconds()
+        self._inst = _instruments(meter_provider or metrics.get_meter_provider())
+        with self._inst.lock:
+            self._inst.active.append(self)
 
     # -- Sink --------------------------------------------------------------------------------
     def write(self, table: str, data: pa.Table, epoch: int) -> None:
@@ -85,16 +87,8 @@ class TableMetrics:
         pass
 
     def close(self) -> None:
-        """Export the last layer values (bounded), then stop reporting this run's gauges."""
-        flush = getattr(self._provider, "force_flush", None)  # absent without an SDK
-        if self.latest and flush is not None:
-            try:
-                flush(FLUSH_MILLIS)
-            except Exception as exc:  # noqa: BLE001 - an exporter failure never reaches training
-                _logger.warning("observers: flushing per-layer OTel metrics failed: %r", exc)
-        with _ACTIVE_LOCK:
-            if self in _ACTIVE:
-                _ACTIVE.remove(self)
+        """The run ended: the gauges report their last values for a while more, then stop."""
+        self.finished_at = time.monotonic()
 
     # -- layers ------------------------------------------------------------------------------
     def _admit(self, names: Iterable[str]) -> None:
@@ -155,26 +149,27 @@ class TableMetrics:
             self._inst.alerts.add(n, {**self.common, "ml.alert.rule": rule, "ml.alert.severity": severity})
 
 
-# Instruments exist once per meter provider; their callbacks read every active sink.
-_ACTIVE: list[TableMetrics] = []
-_ACTIVE_LOCK = threading.Lock()
+_INSTRUMENTS_LOCK = threading.Lock()
 
 
 class _Instruments:
+    """The instruments of one meter provider; their callbacks read the sinks registered here."""
+
     def __init__(self, provider: metrics.MeterProvider) -> None:
+        self.active: list[TableMetrics] = []
+        self.lock = threading.Lock()
         meter = provider.get_meter("observers.tables", __version__)
         for stat in LAYER_STATS:
-            meter.create_observable_gauge(f"ml.layer.{stat}", [_layer_callback(stat)], unit="",
+            meter.create_observable_gauge(f"ml.layer.{stat}", [_layer_callback(self, stat)], unit="",
                                           description=f"Per-layer {stat} on the last sampled step (opt-in)")
         self.nonfinite = meter.create_counter("ml.layer.nonfinite", unit="{value}",
                                               description="NaN/Inf elements seen per layer on sampled steps (opt-in)")
         self.alerts = meter.create_counter("ml.alerts", unit="{alert}", description="Alerts raised, by rule")
 
 
-def _layer_callback(stat: str) -> Any:
+def _layer_callback(inst: _Instruments, stat: str) -> Any:
     def callback(options: CallbackOptions) -> Iterable[Observation]:
-        with _ACTIVE_LOCK:
-            sinks = list(_ACTIVE)
+        sinks = reporting(inst.active, inst.lock)
         for sink in sinks:
             with sink._lock:
                 items = [(key, values.get(stat)) for key, values in sink.latest.items()]
@@ -189,7 +184,7 @@ _INSTRUMENTS: dict[int, _Instruments] = {}
 
 def _instruments(provider: metrics.MeterProvider) -> _Instruments:
     """One set per meter provider (the SDK refuses a second instrument of the same name)."""
-    with _ACTIVE_LOCK:
+    with _INSTRUMENTS_LOCK:
         inst = _INSTRUMENTS.get(id(provider))
         if inst is None:
             inst = _INSTRUMENTS[id(provider)] = _Instruments(provider)
