@@ -90,6 +90,8 @@ def test_plot_writes_figures(sweep, capsys, tmp_path, monkeypatch):
     layers_rc = main(["plot", str(sweep), "--layers", "-o", str(tmp_path / "layers.png")])
     err = capsys.readouterr().err
     assert layers_rc == 0 or "no per-layer statistics" in err
+    assert main(["plot", str(sweep), "--system", "--run", "v1", "-o", str(tmp_path / "system.png")]) == 0
+    assert (tmp_path / "system.png").read_bytes()[:8] == PNG
 
 
 def test_report_is_self_contained_html_with_images(sweep, capsys, tmp_path):

@@ -180,6 +180,14 @@ def test_non_finite_loss_is_reported(tmp_path):
     raw = visualize.load_dataset(tmp_path / "nan").metrics()["loss"]
     first = int(raw[~np.isfinite(raw)].index[0])
     assert bad[0].step == first and f"at step {first}" in bad[0].message
+    # the alerts raised during training reach the summary and the report
+    from observers.present.report import build_report
+
+    ds = visualize.load_dataset(tmp_path / "nan")
+    assert not ds.alerts.empty and ds.summary()["alerts"].tolist() == [len(ds.alerts)]
+    html = build_report(ds)
+    assert f"<h3>Alerts ({len(ds.alerts)})</h3>" in html
+    assert ds.alerts["rule"].iloc[0] in html and "<td>explodes</td>" in html
 
 
 def test_errors_name_what_is_available(lr_runs):

@@ -61,7 +61,7 @@ def system_aliases(name: str) -> tuple[str, ...]:
     info = _system_metric(name)
     if info is not None:
         return (info.name, name)
-    for short, names in SYSTEM_ALIASES.items():
+    for names in SYSTEM_ALIASES.values():
         if name in names:
             return names
     return (name,)

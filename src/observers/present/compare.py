@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -81,10 +81,9 @@ def _collect(runs: Any) -> list[_Run]:
     if len(collected) < 1:
         raise ValueError("no runs to compare")
     labels = [r.label for r in collected]
-    if len(set(labels)) < len(labels):  # same names in different datasets
-        for r, rs in zip(collected, [x.data for x in collected]):
-            if labels.count(r.label) > 1:
-                r.label = f"{rs.source}/{r.label}" if labels.count(f"{rs.source}/{r.label}") == 0 else f"{r.label} ({r.run_id})"
+    for r in collected:  # same run names in different datasets: <dataset>/<name>
+        if labels.count(r.label) > 1:
+            r.label = f"{r.data.source}/{r.label}"
     seen: dict[str, int] = {}
     for r in collected:  # still duplicated (same dataset passed twice): number them
         if r.label in seen:
@@ -245,7 +244,8 @@ class Comparison:
             if {"samples", "step_time"} <= set(m.columns):
                 ok = m[["samples", "step_time"]].dropna()
                 ok = ok[ok["samples"] > 0]
-                row["throughput (samples/s)"] = float(ok["samples"].sum() / ok["step_time"].sum()) if len(ok) else np.nan
+                total = float(ok["step_time"].sum())
+                row["throughput (samples/s)"] = float(ok["samples"].sum()) / total if total > 0 else np.nan
             elif "throughput" in m.columns:
                 row["throughput (samples/s)"] = float(m["throughput"].median())
             else:
@@ -485,7 +485,7 @@ class Comparison:
         axes = fig.subplots(n, 1, squeeze=False, sharex=True).ravel()
         how = (f"moving average over {self.smooth_window} points" if self.smoothing == "mean"
                else f"EMA, span {self.smooth_window}")
-        for ax, metric in zip(axes, metrics):
+        for ax, metric in zip(axes, metrics, strict=False):
             drawn = []
             for i, run in enumerate(self.runs):
                 raw, s = self.series(metric, run, smoothed=False), self.series(metric, run)

@@ -338,7 +338,7 @@ def plot_system(ds: RunSet | str, metrics: Sequence[str] | None = None, *, run: 
     fig = Figure(figsize=(6.0 * cols, 2.8 * rows + 0.6), layout="constrained")
     axes = fig.subplots(rows, cols, squeeze=False, sharex=True).ravel()
     multi = len(ds.run_ids) > 1
-    for ax, name in zip(axes, resolved):
+    for ax, name in zip(axes, resolved, strict=False):
         unit = ""
         for rid in ds.run_ids:
             for device, s in _system_series(ds, rid, name, "time"):
