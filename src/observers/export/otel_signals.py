@@ -142,6 +142,7 @@ class OtelSignals:
         for name in GAUGES:
             if self._wants(name):
                 self._inst.nonfinite.add(0, {**self._common, "ml.metric": name})
+        reporting(_ACTIVE, _ACTIVE_LOCK)  # forget runs that finished long ago (also without collects)
         with _ACTIVE_LOCK:
             _ACTIVE.append(self)
         _hint_resource(self.attributes)

@@ -73,6 +73,7 @@ class TableMetrics:
         self.finished_at: float | None = None
         self.linger = linger_seconds()
         self._inst = _instruments(meter_provider or metrics.get_meter_provider())
+        reporting(self._inst.active, self._inst.lock)  # forget sinks of runs long finished
         with self._inst.lock:
             self._inst.active.append(self)
 
