@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import os
+import tempfile
+from pathlib import Path
 
 import pytest
 
-from tests._support import run_script
+# `datasets` and `huggingface_hub` read their cache locations when first imported: point
+# them at a throwaway folder before any test module imports them.
+_SESSION_HF_HOME = Path(tempfile.mkdtemp(prefix="observers-hf-"))
+os.environ["HF_HOME"] = str(_SESSION_HF_HOME)
+os.environ["HF_DATASETS_CACHE"] = str(_SESSION_HF_HOME / "datasets")
+
+from tests._support import run_script  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -14,6 +22,11 @@ def _isolated_hf(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.M
     home = tmp_path_factory.mktemp("hf_home")
     monkeypatch.setenv("HF_HOME", str(home))
     monkeypatch.setenv("HF_DATASETS_CACHE", str(home / "datasets"))
+    # Per-test Arrow cache: `datasets` keys local folders by name, so two tests' folders
+    # with the same name would otherwise share cached tables.
+    import datasets.config
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", home / "datasets")
     monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
     monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
     for var in list(os.environ):

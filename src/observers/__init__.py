@@ -26,8 +26,8 @@ def __getattr__(name: str) -> Any:
         from observers.instrumentation import TorchInstrumentor
         return TorchInstrumentor
     if name == "visualize":
-        from observers.present import visualize
-        return visualize
+        import importlib
+        return importlib.import_module("observers.visualize")
     if name == "compare_experiments":
         from observers.present.compare import compare_experiments
         return compare_experiments

@@ -40,7 +40,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except BrokenPipeError:  # `observers summary ... | head`
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":
