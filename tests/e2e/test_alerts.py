@@ -269,3 +269,12 @@ def test_healthy_docs_example_raises_no_alert(tmp_path):
     assert {"runs", "scalars"} <= tables_of(dataset) and "alerts" not in tables_of(dataset)
     assert "AlertWarning" not in proc.stderr
     assert load(dataset, "runs").status.tolist() == ["finished"]
+
+
+def test_docs_alerts_example_stops_a_diverging_run(tmp_path):
+    proc = run_script(REPO / "docs" / "examples" / "train_with_alerts.py", tmp_path, instrumented=False,
+                      args=("--lr", "50", "--steps", "40", "--out", str(tmp_path / "out")))
+    assert "ALERT update_ratio_high at step 0" in proc.stdout
+    assert "ALERT loss at step 2: loss = " in proc.stdout
+    assert re.search(r"stopped cleanly after step \d+: loss at step 2", proc.stdout)
+    assert "run status: stopped" in proc.stdout

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import textwrap
 
 import pyarrow as pa
 import pytest
@@ -198,3 +200,21 @@ def test_gate_caps_alerts_per_rule_and_per_run():
         published += gate.admit(found)[0]
     assert [(a.rule, a.step) for a in published] == [("loss", 0), ("grad_norm", 0), ("loss", 2)]
     assert gate.suppressed == {"loss": 8, "grad_norm": 9}
+
+
+def test_rules_shown_in_the_docs_are_valid():
+    from tests._support import REPO
+
+    text = (REPO / "docs" / "alerts.md").read_text()
+    blocks = re.findall(r"```json\n(.*?)```", text, flags=re.S)
+    assert blocks
+    for block in blocks:
+        parse_alert_rules(json.loads(block))
+    for var in re.findall(r"OBSERVERS_ALERT_RULES='(.*?)'", text):
+        parse_alert_rules(json.loads(var))
+    for block in re.findall(r"```python\n(.*?)```", text, flags=re.S):
+        compile(textwrap.dedent(block), "docs/alerts.md", "exec")
+    example = (REPO / "docs" / "examples" / "train_with_alerts.py").read_text()
+    namespace: dict = {}
+    exec(compile(example.split("\ndef main")[0], "train_with_alerts.py", "exec"), namespace)  # noqa: S102
+    parse_alert_rules(namespace["RULES"])
