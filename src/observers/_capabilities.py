@@ -10,3 +10,4 @@ from observers.export import hub_upload  # noqa: F401,E402 - background push to 
 from observers.capture import system  # noqa: F401,E402 - GPU and host sampler (issue 5)
 from observers.process import alert_monitor  # noqa: F401,E402 - alert rules and detectors (issue 8)
 from observers.capture import distributed  # noqa: F401,E402 - shared run id, clock offsets, stragglers (issue 9)
+from observers.capture import module_hooks  # noqa: F401,E402 - per-layer activation/gradient/weight statistics (issue 3)

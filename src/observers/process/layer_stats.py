@@ -1,0 +1,406 @@
+"""Per-layer tensor statistics: a few cheap kernels per tensor into one preallocated matrix.
+
+The training thread (module and tensor hooks, on sampled steps only) calls
+:meth:`StatsMatrix.add` for each tensor; it runs the reductions on the tensor's device and
+writes their results with ``out=`` into one preallocated (rows x columns) int64 matrix per
+device, whose first columns are viewed as float32. Nothing is read back on the training
+thread on an accelerator (no ``.item()``, no sync). At the end of a sampled step
+:meth:`StatsMatrix.snapshot` starts one device-to-host copy of the used rows (pinned host
+buffer + CUDA event) and returns a :class:`Snapshot`; the exporter thread turns it into
+``layers`` rows with numpy (:meth:`Snapshot.table`).
+
+Kernels per tensor (CPU timings from ``reference/overhead_spike.md`` and
+``docs/performance.md``):
+
+==============  ==========================================================================
+``sum``         mean
+``vector_norm`` L2 norm; with the sum, the standard deviation
+``aminmax``     min and max
+zeros           ``sign`` into a reused scratch buffer + ``dot`` on CPU (``count_nonzero``
+                is a branchy scalar loop there, 10x slower on ReLU outputs);
+                ``count_nonzero`` on accelerators
+NaN / Inf       counted only when the sum is not finite: on CPU the sum is read on the
+                host (no device to sync with); on accelerators both counts always run
+saturation      only for bounded activations (Tanh, Sigmoid, Hardtanh/ReLU6, ...)
+==============  ==========================================================================
+
+The standard deviation is derived as ``sqrt((||x||^2 - n*mean^2) / (n - 1))`` (unbiased,
+like ``torch.std``) in float64 on the host from float32 reductions; it loses relative
+precision when ``|mean| / std`` is large (about 1e-3 at a ratio of 100).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from observers.export import tables
+
+ACTIVATION, GRAD_OUTPUT, WEIGHT, WEIGHT_GRAD, UPDATE, _SCALE = range(6)
+KINDS = ("activation", "grad_output", "weight", "weight_grad", "update")
+"""Values of the ``kind`` column, indexed by the kind codes above."""
+
+# Layout of one row of the int64 matrix; its first two int64 columns are viewed as four
+# float32 columns.
+F_SUM, F_NORM, F_MIN, F_MAX = range(4)
+I_NNZ, I_NAN, I_INF, I_SAT = 2, 3, 4, 5
+WIDTH = 6
+
+# Saturation modes of bounded activations.
+SAT_NONE, SAT_TANH, SAT_SIGMOID, SAT_CLAMP = range(4)
+
+_HALF = (torch.float16, torch.bfloat16)
+_EXACT_DOT = 1 << 24  # float32 sums of 0/1 are exact below this many elements
+
+
+def saturation_mode(module: torch.nn.Module) -> tuple[int, float, float]:
+    """How to count saturated outputs of ``module`` (``SAT_NONE`` for unbounded ones)."""
+    nn = torch.nn
+    if isinstance(module, nn.Hardtanh):  # also ReLU6
+        return SAT_CLAMP, float(module.min_val), float(module.max_val)
+    if isinstance(module, (nn.Tanh, nn.Softsign)):
+        return SAT_TANH, -1.0, 1.0
+    if isinstance(module, (nn.Sigmoid, nn.Hardsigmoid)):
+        return SAT_SIGMOID, 0.0, 1.0
+    return SAT_NONE, 0.0, 0.0
+
+
+class _DeviceMatrix:
+    """The preallocated statistics matrix of one device (grown by doubling, then reused)."""
+
+    def __init__(self, device: torch.device, capacity: int, bins: int) -> None:
+        self.device = device
+        self.cpu = device.type == "cpu"
+        self.bins = bins
+        self.used = 0
+        self.scratch: torch.Tensor | None = None
+        self._alloc(capacity)
+
+    def _alloc(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.data = torch.zeros((capacity, WIDTH), dtype=torch.int64, device=self.device)
+        self.f = self.data.view(torch.float32)
+        self.hist = (torch.zeros((capacity, self.bins), dtype=torch.float32, device=self.device)
+                     if self.bins else None)
+        self.np_f = self.f.numpy() if self.cpu else None
+        self._views: list[tuple[torch.Tensor, ...] | None] = [None] * capacity
+
+    def reset(self) -> None:
+        if self.used:
+            self.data[:self.used].zero_()
+            if self.hist is not None:
+                self.hist[:self.used].zero_()
+        self.used = 0
+
+    def new_row(self) -> int:
+        if self.used == self.capacity:
+            old_data, old_hist, n = self.data, self.hist, self.used
+            self._alloc(self.capacity * 2)
+            self.data[:n].copy_(old_data[:n])
+            if old_hist is not None and self.hist is not None:
+                self.hist[:n].copy_(old_hist[:n])
+        self.used += 1
+        return self.used - 1
+
+    def views(self, pos: int) -> tuple[torch.Tensor, ...]:
+        """0-d views of row ``pos``: sum, norm, min, max (float32), nnz, nan, inf, sat (int64)."""
+        v = self._views[pos]
+        if v is None:
+            f, i = self.f[pos], self.data[pos]
+            v = self._views[pos] = (f[F_SUM], f[F_NORM], f[F_MIN], f[F_MAX],
+                                    i[I_NNZ], i[I_NAN], i[I_INF], i[I_SAT])
+        return v
+
+    def scratch_like(self, t: torch.Tensor) -> torch.Tensor:
+        n = t.numel()
+        if self.scratch is None or self.scratch.numel() < n:
+            self.scratch = torch.empty(max(n, 4096), dtype=torch.float32, device=self.device)
+        return self.scratch[:n].view(t.shape)
+
+
+@dataclass
+class Snapshot:
+    """One sampled step's statistics on their way to the host, plus what names the rows."""
+
+    kind: np.ndarray
+    layer: np.ndarray
+    call: np.ndarray
+    numel: np.ndarray
+    alias: np.ndarray
+    filled: np.ndarray
+    sat: np.ndarray
+    dev: np.ndarray
+    pos: np.ndarray
+    copies: list[tuple[torch.Tensor, torch.Tensor | None, Any]]  # per device: data, hist, event
+    bins: int
+
+    def _host(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """Wait for the copies; (float32 stats, int64 stats, histograms) per row."""
+        n = len(self.kind)
+        f = np.zeros((n, 4), np.float32)
+        i = np.zeros((n, WIDTH), np.int64)
+        h = np.zeros((n, self.bins), np.float32) if self.bins else None
+        for d, (data, hist, event) in enumerate(self.copies):
+            if event is not None:
+                event.synchronize()
+            rows = np.flatnonzero(self.dev == d)
+            arr = data.numpy()
+            i[rows] = arr[self.pos[rows]]
+            f[rows] = arr.view(np.float32)[self.pos[rows], :4]
+            if h is not None and hist is not None:
+                h[rows] = hist.numpy()[self.pos[rows]]
+        return f, i, h
+
+    def table(self, layers: Sequence[tuple[str, str]], *, run_id: str, rank: int, step: int,
+              epoch: int, time_ns: int) -> pa.Table:
+        """The ``layers`` rows of this step (built on the exporter thread)."""
+        f, i, h = self._host()
+        kind, alias = self.kind, self.alias
+        scale_rows = np.flatnonzero(kind == _SCALE)
+        scale = float(f[scale_rows[-1], F_SUM]) if len(scale_rows) else 1.0
+        # aliases (the same tensor returned by several modules) take their source's values
+        has_alias = np.flatnonzero(alias >= 0)
+        filled = self.filled.copy()
+        if len(has_alias):
+            src = alias[has_alias]
+            f[has_alias], i[has_alias], filled[has_alias] = f[src], i[src], filled[src]
+            if h is not None:
+                h[has_alias] = h[src]
+        keep = np.flatnonzero(filled & (kind != _SCALE))
+        if not len(keep):
+            return tables.LAYERS.empty_table()
+        kind, f, i = kind[keep], f[keep].astype(np.float64), i[keep]
+        numel = self.numel[keep]
+        n = numel.astype(np.float64)
+        grad = kind == GRAD_OUTPUT
+        if scale != 1.0 and math.isfinite(scale) and scale > 0:
+            f[grad] /= scale
+        tensor = (kind == ACTIVATION) | grad
+        has = tensor & (numel > 0)
+        nan = np.full(len(keep), np.nan)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            mean = np.where(has, f[:, F_SUM] / n, nan)
+            var = (f[:, F_NORM] ** 2 - n * mean * mean) / (n - 1)
+            std = np.where(has & (numel > 1), np.sqrt(np.maximum(var, 0.0)), nan)
+            zero = np.where(has, (n - i[:, I_NNZ]) / n, nan)
+            sat_on = has & (self.sat[keep] != SAT_NONE) & (kind == ACTIVATION)
+            sat = np.where(sat_on, i[:, I_SAT] / n, nan)
+        mask_t = ~has
+        names = np.array([layers[j][0] for j in self.layer[keep]], dtype=object)
+        types = np.array([layers[j][1] for j in self.layer[keep]], dtype=object)
+        ts = np.full(len(keep), time_ns, dtype="datetime64[ns]")
+        cols: dict[str, pa.Array] = {
+            "run_id": pa.array(np.full(len(keep), run_id, dtype=object), pa.string()),
+            "rank": pa.array(np.full(len(keep), rank, dtype=np.int64)),
+            "step": pa.array(np.full(len(keep), step, dtype=np.int64)),
+            "epoch": pa.array(np.full(len(keep), epoch, dtype=np.int64)),
+            "time": pa.array(ts, tables.TS),
+            "layer": pa.array(names, pa.string()),
+            "layer_type": pa.array(types, pa.string()),
+            "kind": pa.array(np.array(KINDS, dtype=object)[kind], pa.string()),
+            "call": pa.array(self.call[keep].astype(np.int64)),
+            "mean": pa.array(mean, mask=mask_t),
+            "std": pa.array(std, mask=mask_t | (numel <= 1)),
+            "min": pa.array(f[:, F_MIN], mask=mask_t),
+            "max": pa.array(f[:, F_MAX], mask=mask_t),
+            "l2_norm": pa.array(f[:, F_NORM], mask=(numel == 0) & tensor),
+            "nan_count": pa.array(i[:, I_NAN], mask=mask_t),
+            "inf_count": pa.array(i[:, I_INF], mask=mask_t),
+            "zero_fraction": pa.array(zero, mask=mask_t),
+            "saturation_fraction": pa.array(sat, mask=~sat_on),
+            "numel": pa.array(numel.astype(np.int64)),
+        }
+        if h is not None:
+            hk = h[keep]
+            hist_on = has & np.isfinite(f[:, F_MIN]) & np.isfinite(f[:, F_MAX])  # NaN/Inf: no bounds
+            offsets = np.zeros(len(keep) + 1, dtype=np.int32)
+            offsets[1:] = np.cumsum(np.where(hist_on, self.bins, 0))
+            values = pa.array(hk[hist_on].reshape(-1), pa.float32())
+            cols["histogram"] = pa.ListArray.from_arrays(
+                pa.array(offsets, pa.int32()), values, mask=pa.array(~hist_on))
+        else:
+            cols["histogram"] = pa.nulls(len(keep), pa.list_(pa.float32()))
+        return pa.table(cols, schema=tables.LAYERS)
+
+
+class StatsMatrix:
+    """Rows of one sampled step: statistics on device, what they describe on the host."""
+
+    def __init__(self, bins: int = 0, capacity: int = 64) -> None:
+        self.bins = bins
+        self._capacity = capacity
+        self._mats: list[_DeviceMatrix] = []
+        self._dev_index: dict[torch.device, int] = {}
+        self._grow(capacity)
+        self.n = 0
+
+    def _grow(self, capacity: int) -> None:
+        self._cap = capacity
+        self._meta = np.zeros((9, capacity), dtype=np.int64)
+        self.kind, self.layer, self.call, self.numel, self.alias, self.filled, self.sat, \
+            self.dev, self.pos = self._meta
+
+    def reset(self) -> None:
+        """Start a new sampled step (reuses every buffer)."""
+        for m in self._mats:
+            m.reset()
+        self.n = 0
+
+    def _matrix(self, device: torch.device) -> tuple[int, _DeviceMatrix]:
+        d = self._dev_index.get(device)
+        if d is None:
+            d = self._dev_index[device] = len(self._mats)
+            self._mats.append(_DeviceMatrix(device, self._capacity, self.bins))
+        return d, self._mats[d]
+
+    def new_row(self, kind: int, layer: int, call: int, device: torch.device, numel: int = 0,
+                sat: int = SAT_NONE, alias: int = -1) -> int:
+        """Reserve a row (values zero until :meth:`fill`); returns its index."""
+        r = self.n
+        if r == self._cap:
+            old = self._meta
+            self._grow(self._cap * 2)
+            self._meta[:, :r] = old[:, :r]
+        d, m = self._matrix(device)
+        self.kind[r], self.layer[r], self.call[r], self.numel[r] = kind, layer, call, numel
+        self.alias[r], self.filled[r], self.sat[r] = alias, 0, sat
+        self.dev[r], self.pos[r] = d, m.new_row()
+        self.n = r + 1
+        return r
+
+    def add(self, kind: int, layer: int, call: int, t: torch.Tensor,
+            sat: tuple[int, float, float] | None = None) -> int:
+        """A row for tensor ``t`` with its statistics computed now."""
+        r = self.new_row(kind, layer, call, t.device, t.numel(), sat[0] if sat else SAT_NONE)
+        self.fill(r, t, sat)
+        return r
+
+    def fill(self, r: int, t: torch.Tensor, sat: tuple[int, float, float] | None = None) -> None:
+        """Compute the statistics of ``t`` into row ``r`` (device kernels only)."""
+        m = self._mats[int(self.dev[r])]
+        if t.device != m.device:  # cannot happen for a tensor's own gradient; be safe
+            return
+        pos = int(self.pos[r])
+        self.numel[r] = t.numel()
+        self.filled[r] = 1
+        if t.numel() == 0:
+            return
+        if t.is_complex():
+            t = t.abs()
+        v = m.views(pos)
+        _tensor_stats(t, v, m, pos)
+        if sat is not None and sat[0] != SAT_NONE:
+            _saturation(t, sat, v[7])
+        if m.hist is not None:
+            _histogram(t, v[2], v[3], m.hist[pos])
+
+    def add_norms(self, kind: int, layers: Sequence[int], norms: torch.Tensor,
+                  numels: Sequence[int]) -> None:
+        """Rows of one L2 norm each (weights, gradients, updates): one strided copy."""
+        k = len(layers)
+        if not k:
+            return
+        d, m = self._matrix(norms.device)
+        first = self.n
+        for j in range(k):
+            self.new_row(kind, layers[j], 0, norms.device, numels[j])
+        pos = self.pos[first:first + k]
+        p0 = int(pos[0])
+        if np.array_equal(pos, np.arange(p0, p0 + k)):
+            m.f[p0:p0 + k, F_NORM].copy_(norms)
+        else:  # the matrix grew in between; rare
+            idx = torch.as_tensor(pos, device=norms.device)
+            m.f[:, F_NORM].index_copy_(0, idx, norms.to(torch.float32))
+        self.filled[first:first + k] = 1
+
+    def add_scale(self, scale: torch.Tensor) -> None:
+        """The AMP loss scale of this step's backward (gradient rows are divided by it)."""
+        r = self.new_row(_SCALE, 0, 0, scale.device, 1)
+        m = self._mats[int(self.dev[r])]
+        m.views(int(self.pos[r]))[0].copy_(scale.reshape(()))
+        self.filled[r] = 1
+
+    def snapshot(self) -> Snapshot:
+        """Start the device-to-host copies of the used rows; never waits for the device."""
+        n = self.n
+        copies: list[tuple[torch.Tensor, torch.Tensor | None, Any]] = []
+        for m in self._mats:
+            used = max(m.used, 1)
+            if m.cpu:
+                data = m.data[:used].clone()
+                hist = m.hist[:used].clone() if m.hist is not None else None
+                copies.append((data, hist, None))
+                continue
+            pin = m.device.type == "cuda"
+            data = torch.empty((used, WIDTH), dtype=torch.int64, pin_memory=pin)
+            data.copy_(m.data[:used], non_blocking=pin)
+            hist = None
+            if m.hist is not None:
+                hist = torch.empty((used, self.bins), dtype=torch.float32, pin_memory=pin)
+                hist.copy_(m.hist[:used], non_blocking=pin)
+            event = None
+            if pin:
+                event = torch.cuda.Event()
+                event.record()
+            copies.append((data, hist, event))
+        meta = self._meta[:, :n].copy()
+        return Snapshot(*meta, copies=copies, bins=self.bins)
+
+
+def _tensor_stats(t: torch.Tensor, v: tuple[torch.Tensor, ...], m: _DeviceMatrix, pos: int) -> None:
+    s_sum, s_norm, s_min, s_max, s_nnz, s_nan, s_inf, _ = v
+    if t.dtype == torch.float32:
+        torch.sum(t, dim=None, out=s_sum)
+        torch.linalg.vector_norm(t, out=s_norm)
+        torch.aminmax(t, out=(s_min, s_max))
+    else:
+        acc = torch.float32 if t.dtype in _HALF else None
+        torch.sum(t, dim=None, dtype=acc, out=s_sum)
+        s_norm.copy_(torch.linalg.vector_norm(t, dtype=acc))
+        lo, hi = torch.aminmax(t)
+        s_min.copy_(lo)
+        s_max.copy_(hi)
+    n = t.numel()
+    if m.cpu and t.dtype == torch.float32 and n < _EXACT_DOT:
+        s = torch.sign(t, out=m.scratch_like(t)).view(-1)
+        s_nnz.copy_(torch.dot(s, s))
+    else:
+        s_nnz.copy_(torch.count_nonzero(t))
+    if m.cpu:
+        # The sum is already in host memory: count NaN/Inf only when it is not finite.
+        if not math.isfinite(float(m.np_f[pos, F_SUM])):
+            torch.sum(torch.isnan(t), dim=None, out=s_nan)
+            torch.sum(torch.isinf(t), dim=None, out=s_inf)
+            s_nnz.copy_(torch.count_nonzero(t))  # sign() of NaN is NaN: count exactly
+    else:
+        torch.sum(torch.isnan(t), dim=None, out=s_nan)
+        torch.sum(torch.isinf(t), dim=None, out=s_inf)
+
+
+def _saturation(t: torch.Tensor, sat: tuple[int, float, float], out: torch.Tensor) -> None:
+    mode, lo, hi = sat
+    if mode == SAT_CLAMP:
+        mask = (t <= lo) | (t >= hi)
+    elif mode == SAT_TANH:
+        mask = t.abs() >= 0.99
+    else:  # sigmoid-like, bounds 0 and 1
+        mask = (t - 0.5).abs() >= 0.49
+    torch.sum(mask, dim=None, out=out)
+
+
+def _histogram(t: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, out: torch.Tensor) -> None:
+    """``bins`` equal-width bins between the tensor's min and max (unused when those are not finite)."""
+    bins = out.numel()
+    x = t.reshape(-1).to(torch.float32)
+    width = (hi - lo).clamp_min(torch.finfo(torch.float32).tiny)
+    idx = ((x - lo) * (bins / width)).floor_()
+    idx = torch.nan_to_num_(idx, nan=0.0, posinf=bins - 1, neginf=0.0).clamp_(0, bins - 1)
+    finite = torch.isfinite(x)
+    idx = idx.to(torch.int64)
+    out.zero_()
+    out.index_add_(0, idx, finite.to(torch.float32))
