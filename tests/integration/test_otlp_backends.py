@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import re
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -87,8 +88,6 @@ def grpc_run(tmp_path_factory: pytest.TempPathFactory, vm: VictoriaMetrics, rote
 
 def _wait_series(vm: VictoriaMetrics, expr: str, timeout: float = 15.0) -> None:
     """rotel forwards in batches: wait until ``expr`` has a point in VictoriaMetrics."""
-    import time
-
     deadline = time.monotonic() + timeout
     while True:
         vm.flush()
@@ -226,3 +225,28 @@ def test_otlp_http_spans_accepted_by_rotel(rotel: Rotel, http_run: dict[str, Any
 
 def test_otlp_grpc_spans_accepted_by_rotel(rotel: Rotel, grpc_run: dict[str, Any]) -> None:
     _check_span_tree(rotel, grpc_run)
+
+
+def test_non_finite_losses_are_counted_not_lost(vm: VictoriaMetrics, tmp_path: Path) -> None:
+    """The SDK drops NaN measurements: the gauge shows only finite losses, the counter the rest."""
+    run_script(Path(__file__).parent / "scripts" / "nan_loss.py", tmp_path, instrumented=True,
+               OBSERVERS_DATASET="nan-loss", OBSERVERS_SAMPLE_INTERVAL="1", OBSERVERS_TENSOR_LEVEL="0",
+               OTEL_METRICS_EXPORTER="otlp", OTEL_TRACES_EXPORTER="none", OTEL_LOGS_EXPORTER="none",
+               OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf", OTEL_EXPORTER_OTLP_METRICS_ENDPOINT=vm.otlp_metrics_url,
+               OTEL_METRIC_EXPORT_INTERVAL="200", HF_HUB_OFFLINE="1")
+    vm.flush()
+    dataset = tmp_path / "observers" / "nan-loss"
+    scalars = _table(dataset, "scalars")
+    run_id = _table(dataset, "runs").run_id.iloc[0]
+    loss = scalars[scalars.name == "loss"].sort_values("step").value
+    assert loss.notna().sum() == 8 and loss.isna().sum() == 4  # steps 8..11 are NaN
+    sel = f'ml_run_id="{run_id}"'
+    counts = {dict(k)["ml_metric"]: v for k, v in vm.values(f"ml_train_nonfinite_total{{{sel}}}").items()}
+    assert counts["loss"] == 4
+    assert counts["grad_norm"] == 4  # sampled every step: NaN gradients from step 8 on
+    points = vm.api("/api/v1/query_range", query=f"ml_train_loss{{{sel}}}", start=f"{time.time() - 600:.0f}",
+                    end=f"{time.time():.0f}", step="1s")["result"]
+    values = [float(v) for r in points for _, v in r["values"]]
+    assert values and all(math.isfinite(v) for v in values)  # finite losses were exported
+    finite = loss.dropna().tolist()
+    assert all(any(v == pytest.approx(f, rel=1e-9) for f in finite) for v in values)
