@@ -308,6 +308,7 @@ class Columns:
         self.data = data
         self.n = data.num_rows
         self._cache: dict[str, np.ndarray] = {}
+        self._memo: dict[Any, Any] = {}
 
     def has(self, name: str) -> bool:
         return name in self.data.column_names
@@ -329,6 +330,12 @@ class Columns:
 
     def floats(self, name: str) -> np.ndarray:
         return np.asarray(self[name], dtype=np.float64) if self.has(name) else np.full(self.n, np.nan)
+
+    def memo(self, key: Any, build: Callable[[], Any]) -> Any:
+        """A value derived from the table, built once for all the rules and detectors."""
+        if key not in self._memo:
+            self._memo[key] = build()
+        return self._memo[key]
 
 
 class Streaks:
@@ -356,6 +363,9 @@ class Streaks:
             return state[1]
         return None
 
+    def __contains__(self, key: tuple[str, str]) -> bool:
+        return key in self._state
+
     def clear(self, key: tuple[str, str]) -> None:
         self._state.pop(key, None)
 
@@ -374,14 +384,17 @@ def _layer_order(cols: Columns, rows: np.ndarray) -> dict[str, int]:
     A parameter (``fc1.weight``) sorts with its module (``fc1``); names without an
     activation row come after, in table order.
     """
+    return cols.memo(("order", int(rows[0]), len(rows)), lambda: _build_layer_order(cols, rows))
+
+
+def _build_layer_order(cols: Columns, rows: np.ndarray) -> dict[str, int]:
     order: dict[str, int] = {}
-    layers, kinds = cols["layer"], cols["kind"]
-    for i in rows:
-        if kinds[i] == "activation" and layers[i] not in order:
-            order[layers[i]] = len(order)
+    layers, kinds = cols["layer"][rows].tolist(), cols["kind"][rows].tolist()
+    for name, kind in zip(layers, kinds):
+        if kind == "activation" and name not in order:
+            order[name] = len(order)
     modules = len(order)
-    for i in rows:
-        name = layers[i]
+    for name in layers:
         if name not in order:
             module = name.rpartition(".")[0]
             order[name] = order[module] if module in order else modules + len(order)
@@ -390,6 +403,10 @@ def _layer_order(cols: Columns, rows: np.ndarray) -> dict[str, int]:
 
 def step_groups(cols: Columns) -> list[tuple[int, np.ndarray]]:
     """Row indices per step, steps in order of first appearance, rows in table order."""
+    return cols.memo("steps", lambda: _build_step_groups(cols))
+
+
+def _build_step_groups(cols: Columns) -> list[tuple[int, np.ndarray]]:
     steps = cols["step"]
     if not len(steps):
         return []
@@ -409,14 +426,15 @@ def layer_values(cols: Columns, rows: np.ndarray, kind: str, column: str) -> tup
             return names, np.array([upd[n] / wgt[n] for n in names], dtype=np.float64)
     if not cols.has(column):
         return [], np.zeros(0)
-    values = cols.floats(column)
-    best: dict[str, float] = {}
-    for i in rows:
-        if kinds[i] == kind:
-            v, name = values[i], layers[i]
-            prev = best.get(name)
-            if prev is None or v > prev or (not math.isfinite(v) and math.isfinite(prev)):
-                best[name] = v
+    sel = rows[kinds[rows] == kind]
+    names, values = layers[sel].tolist(), cols.floats(column)[sel]
+    if len(set(names)) == len(names):
+        return names, values
+    best: dict[str, float] = {}  # shared layers: the call with the largest (or a non-finite) value
+    for name, v in zip(names, values.tolist()):
+        prev = best.get(name)
+        if prev is None or v > prev or (not math.isfinite(v) and math.isfinite(prev)):
+            best[name] = v
     return list(best), np.array(list(best.values()), dtype=np.float64)
 
 
@@ -497,14 +515,18 @@ class RuleSet:
             return out
         times = cols["time"]
         for step, rows in step_groups(cols):
-            order = _layer_order(cols, rows)
             for rule in rules:
                 layers, values = layer_values(cols, rows, rule.kind or "", rule.column or "")
-                keep = [i for i, n in enumerate(layers) if self._layer_match(rule, n)]
-                keep.sort(key=lambda i: order.get(layers[i], len(order)))
-                bad = rule.violations(values[keep]) if keep else np.zeros(0, bool)
-                for i, violated in zip(keep, bad.tolist()):
-                    first = self.streaks.update((rule.name, layers[i]), violated, step, rule.for_steps)
+                match = np.fromiter((self._layer_match(rule, n) for n in layers), dtype=bool, count=len(layers))
+                # only violations and subjects in an episode need the per-subject state machine
+                seen = np.fromiter(((rule.name, n) in self.streaks for n in layers), dtype=bool, count=len(layers))
+                bad = match & rule.violations(values)
+                todo = np.flatnonzero(bad | (match & seen)).tolist()
+                if not todo:
+                    continue
+                order = _layer_order(cols, rows)
+                for i in sorted(todo, key=lambda i: order.get(layers[i], len(order))):
+                    first = self.streaks.update((rule.name, layers[i]), bool(bad[i]), step, rule.for_steps)
                     if first is not None:
                         out.append(self._alert(rule, step, values[i], first, times[rows[0]], layer=layers[i]))
         return out

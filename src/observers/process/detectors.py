@@ -195,54 +195,91 @@ class NonFinite(Detector):
         return out
 
 
+class _History:
+    """The last ``window`` values of many subjects, one row each (NaN = not yet filled)."""
+
+    def __init__(self, window: int) -> None:
+        self.window = window
+        self.index: dict[str, int] = {}
+        self.values = np.full((0, window), np.nan)
+        self.count = np.zeros(0, dtype=np.int64)
+
+    def rows(self, names: list[str]) -> np.ndarray:
+        new = [n for n in names if n not in self.index]
+        if new:
+            for n in new:
+                self.index[n] = len(self.index)
+            self.values = np.vstack([self.values, np.full((len(new), self.window), np.nan)])
+            self.count = np.concatenate([self.count, np.zeros(len(new), dtype=np.int64)])
+        return np.fromiter((self.index[n] for n in names), dtype=np.int64, count=len(names))
+
+    def medians(self, rows: np.ndarray, need: int) -> np.ndarray:
+        """Median of each row with at least ``need`` values, else NaN."""
+        out = np.full(len(rows), np.nan)
+        ready = self.count[rows] >= max(need, 1)
+        if ready.any():
+            out[ready] = np.nanmedian(self.values[rows[ready]], axis=1)
+        return out
+
+    def push(self, rows: np.ndarray, values: np.ndarray) -> None:
+        self.values[rows, self.count[rows] % self.window] = values
+        self.count[rows] += 1
+
+
 class _GradientScale(Detector):
-    """Gradient norms compared with their own recent median (per layer, or global)."""
+    """Gradient norms compared with their own recent median (per parameter, or global)."""
 
     defaults = {"factor": 100.0, "window": 20, "min_history": 5, "for_steps": 1}
     rule = ""
 
     def __init__(self, params: Mapping[str, Any], context: Context) -> None:
         super().__init__(params, context)
-        self.history: dict[str, deque[float]] = {}
+        self.history = _History(int(self.p["window"]))
         self._layer_grads = False
 
-    def _violates(self, value: float, median: float) -> bool:
+    def _violates(self, values: np.ndarray, medians: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
     def _describe(self, value: float, median: float) -> str:
         raise NotImplementedError
 
-    def _observe(self, subject: str, step: int, value: float, t: int, layer: str | None) -> Alert | None:
-        hist = self.history.setdefault(subject, deque(maxlen=int(self.p["window"])))
-        if not math.isfinite(value):
-            return None  # the nonfinite detector reports these
-        violated = False
-        if len(hist) >= self.p["min_history"]:
-            median = sorted(hist)[len(hist) // 2]
-            violated = median > 0 and self._violates(value, median)
-        first = self.streaks.update((self.rule, subject), violated, step, int(self.p["for_steps"]))
-        if not violated:
-            hist.append(value)
-            return None
-        if first is None:
-            return None
-        where = f"layer {layer!r}" if layer else "the model (global norm)"
-        return self.alert(self.rule, "grad_norm", first, value, threshold=median, layer=layer, time_ns=t,
-                          message=f"{self.rule.replace('_', ' ')} in {where}: gradient norm {value:.3g} is "
-                                  f"{self._describe(value, median)} its recent median {median:.3g} at step "
-                                  f"{step}{_since(first, step)}")
+    def _observe(self, names: list[str], values: np.ndarray, step: int, t: int, per_layer: bool) -> list[Alert]:
+        """One observation of each subject (in forward order); vectorised over subjects."""
+        rows = self.history.rows(names)
+        finite = np.isfinite(values)  # non-finite values are the nonfinite detector's
+        medians = self.history.medians(rows, int(self.p["min_history"]))
+        with np.errstate(invalid="ignore"):
+            violated = finite & (medians > 0) & self._violates(values, medians)
+        self.history.push(rows[finite & ~violated], values[finite & ~violated])
+        out = []
+        need = int(self.p["for_steps"])
+        for i in np.flatnonzero(violated | np.fromiter(((self.rule, n) in self.streaks for n in names),
+                                                       dtype=bool, count=len(names))):
+            if not finite[i]:
+                continue
+            first = self.streaks.update((self.rule, names[i]), bool(violated[i]), step, need)
+            if first is None:
+                continue
+            value, median = float(values[i]), float(medians[i])
+            layer = names[i] if per_layer else None
+            where = f"layer {layer!r}" if layer else "the model (global norm)"
+            out.append(self.alert(
+                self.rule, "grad_norm", first, value, threshold=median, layer=layer, time_ns=t,
+                message=f"{self.rule.replace('_', ' ')} in {where}: gradient norm {value:.3g} is "
+                        f"{self._describe(value, median)} its recent median {median:.3g} at step "
+                        f"{step}{_since(first, step)}"))
+        return out
 
     def on_scalars(self, cols: Columns) -> list[Alert]:
         if self._layer_grads and self.context.layer_stats:
             return []
         out = []
         for step, value, t in zip(*(a.tolist() for a in _series(cols, "grad_norm"))):
-            if (alert := self._observe("", step, value, t, None)) is not None:
-                out.append(alert)
+            out += self._observe([""], np.array([value]), step, t, per_layer=False)
         return out
 
     def on_layers(self, cols: Columns) -> list[Alert]:
-        out = []
+        out: list[Alert] = []
         if not cols.n:
             return out
         times = cols["time"]
@@ -252,9 +289,8 @@ class _GradientScale(Detector):
                 continue
             self._layer_grads = True
             order = _layer_order(cols, rows)
-            for i in sorted(range(len(layers)), key=lambda i: order.get(layers[i], len(order))):
-                if (alert := self._observe(layers[i], step, values[i], times[rows[0]], layers[i])) is not None:
-                    out.append(alert)
+            idx = sorted(range(len(layers)), key=lambda i: order.get(layers[i], len(order)))
+            out += self._observe([layers[i] for i in idx], values[idx], step, int(times[rows[0]]), per_layer=True)
         return out
 
 
@@ -262,8 +298,8 @@ class ExplodingGradients(_GradientScale):
     name = rule = "exploding_gradients"
     defaults = {**_GradientScale.defaults, "factor": 100.0}
 
-    def _violates(self, value: float, median: float) -> bool:
-        return value > self.p["factor"] * median
+    def _violates(self, values: np.ndarray, medians: np.ndarray) -> np.ndarray:
+        return values > self.p["factor"] * medians
 
     def _describe(self, value: float, median: float) -> str:
         return f"{value / median:.3g}x"
@@ -273,8 +309,8 @@ class VanishingGradients(_GradientScale):
     name = rule = "vanishing_gradients"
     defaults = {**_GradientScale.defaults, "factor": 1000.0, "for_steps": 2}
 
-    def _violates(self, value: float, median: float) -> bool:
-        return value < median / self.p["factor"]
+    def _violates(self, values: np.ndarray, medians: np.ndarray) -> np.ndarray:
+        return values < medians / self.p["factor"]
 
     def _describe(self, value: float, median: float) -> str:
         return f"1/{median / value:.3g} of" if value > 0 else "zero, against"
@@ -286,8 +322,8 @@ class _ActivationFraction(Detector):
     column = ""
     rule = ""
 
-    def _eligible(self, layer_type: str) -> bool:
-        return True
+    def _eligible(self, layer_types: np.ndarray) -> np.ndarray:
+        return np.ones(len(layer_types), dtype=bool)
 
     def _message(self, layer: str, layer_type: str, value: float, step: int, first: int) -> str:
         raise NotImplementedError
@@ -296,16 +332,19 @@ class _ActivationFraction(Detector):
         out: list[Alert] = []
         if not cols.n or not cols.has(self.column):
             return out
-        kinds, layers, times = cols["kind"], cols["layer"], cols["time"]
+        layers, times = cols["layer"], cols["time"]
         types = cols["layer_type"] if cols.has("layer_type") else np.full(cols.n, "", object)
         values = cols.floats(self.column)
+        eligible = (cols["kind"] == "activation") & np.isfinite(values) & self._eligible(types)
         for step, rows in step_groups(cols):
+            sel = rows[eligible[rows]]
+            if not len(sel):
+                continue
             order = _layer_order(cols, rows)
-            worst: dict[str, tuple[float, str]] = {}
-            for i in rows:
-                if kinds[i] == "activation" and math.isfinite(values[i]) and self._eligible(str(types[i] or "")):
-                    if layers[i] not in worst or values[i] > worst[layers[i]][0]:
-                        worst[layers[i]] = (float(values[i]), str(types[i] or ""))
+            worst: dict[str, tuple[float, str]] = {}  # shared layers: their worst call
+            for i in sel.tolist():
+                if layers[i] not in worst or values[i] > worst[layers[i]][0]:
+                    worst[layers[i]] = (float(values[i]), str(types[i] or ""))
             for layer in sorted(worst, key=lambda n: order.get(n, len(order))):
                 value, layer_type = worst[layer]
                 first = self.streaks.update((self.rule, layer), value >= self.p["threshold"], step,
@@ -332,8 +371,8 @@ class DeadReLU(_ActivationFraction):
     column = "zero_fraction"
     defaults = {"threshold": 0.95, "for_steps": 3, "layer_types": ["ReLU", "ReLU6"]}
 
-    def _eligible(self, layer_type: str) -> bool:
-        return layer_type in self.p["layer_types"]
+    def _eligible(self, layer_types: np.ndarray) -> np.ndarray:
+        return np.isin(layer_types, list(self.p["layer_types"]))
 
     def _message(self, layer: str, layer_type: str, value: float, step: int, first: int) -> str:
         return (f"dead ReLUs at layer {layer!r}: {value:.0%} of its outputs are zero (no gradient flows "
@@ -363,9 +402,9 @@ class LossSpike(Detector):
                 continue
             spike, z, median = False, 0.0, float("nan")
             if len(self.history) >= self.p["min_history"]:
-                hist = np.fromiter(self.history, dtype=np.float64)
-                median = float(np.median(hist))
-                noise = float(np.median(np.abs(np.diff(hist)))) * 1.4826 / math.sqrt(2)
+                hist = list(self.history)  # plain Python: ~50 values, faster than numpy calls
+                median = _median(hist)
+                noise = _median([abs(b - a) for a, b in zip(hist, hist[1:])]) * 1.4826 / math.sqrt(2)
                 z = (value - median) / max(noise, 1e-12 * max(abs(median), 1.0))
                 spike = z > self.p["z"] and value - median > (self.p["ratio"] - 1.0) * abs(median)
             if self.streaks.update((self.rule, ""), spike, step, 1) is not None:
@@ -375,6 +414,12 @@ class LossSpike(Detector):
             if not spike:
                 self.history.append(value)
         return out
+
+
+def _median(values: list[float]) -> float:
+    s = sorted(values)
+    n = len(s)
+    return (s[n // 2] + s[(n - 1) // 2]) / 2
 
 
 class UpdateRatio(Detector):
