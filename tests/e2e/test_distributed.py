@@ -53,11 +53,13 @@ def torchrun(tmp: Path, *, instrumented: bool, **env: str) -> dict[int, dict]:
 
 @pytest.fixture(scope="module")
 def zero_code(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int, float]]:
-    """The docs' DDP example, zero-code: rank 1 sleeps before every forward, and each rank
-    has 2 DataLoader workers started with ``spawn`` (fresh, instrumented interpreters)."""
+    """The docs' DDP example, zero-code with the observers resource detector: rank 1 sleeps
+    before every forward, and each rank has 2 DataLoader workers started with ``spawn``
+    (fresh, instrumented interpreters)."""
     tmp = tmp_path_factory.mktemp("dist_zero_code")
     proc = launch(tmp, EXAMPLE, "--steps", str(STEPS), "--slow-rank", "1", "--workers", "2",
-                  "--start-method", "spawn", instrumented=True, OBSERVERS_STRAGGLER_INTERVAL="0.2")
+                  "--start-method", "spawn", instrumented=True, OBSERVERS_STRAGGLER_INTERVAL="0.2",
+                  OTEL_EXPERIMENTAL_RESOURCE_DETECTORS="observers")
     last = {int(m.group(1)): float(m.group(2))
             for m in re.finditer(r"rank (\d) epoch 0: last loss (\S+)", proc.stdout)}
     assert sorted(last) == [0, 1], proc.stdout
@@ -99,6 +101,21 @@ def test_each_rank_writes_its_own_shards_under_one_run_id(zero_code):
     assert sorted(runs["rank"]) == [0, 1]
     assert (runs.world_size == 2).all() and (runs.run_id == run_id).all()
     assert sorted(runs.local_rank) == [0, 1]
+
+
+def test_resource_names_the_shared_run_and_the_rank(zero_code):
+    """With the resource detector every rank's OTel resource carries the shared run id
+    (derived alike from torchrun's environment) and its own rank: one collector can take
+    all ranks and keep them apart."""
+    root, _ = zero_code
+    spans = _table(root, "spans")
+    run_id = _table(root, "runs").run_id.iloc[0]
+    assert run_id.startswith("torchrun-") and set(spans.run_id) == {run_id}
+    roots = spans[spans.name == "ml.train.run"]
+    resources = [json.loads(r) for r in roots.resource]
+    assert sorted((r["ml.run.id"], r["ml.rank"], r["ml.world_size"]) for r in resources) == \
+        [(run_id, 0, 2), (run_id, 1, 2)]
+    assert sorted(json.loads(a)["ml.rank"] for a in roots.attributes) == [0, 1]
 
 
 def test_workers_and_launcher_start_no_runs(zero_code):

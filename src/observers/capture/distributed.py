@@ -37,7 +37,6 @@ Without an initialised process group (``Observation(distributed=True)`` entered 
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import logging
@@ -55,6 +54,7 @@ import pyarrow as pa
 import torch
 
 from observers import environment_variables as env
+from observers.capture.torchrun_env import derived_run_id
 from observers.export import tables
 from observers.process import step_buffer as sb
 from observers.run import COMPONENT_FACTORIES, Component
@@ -178,16 +178,6 @@ def agree_run_id(store: Any, namespace: str, proposal: str) -> str:
     """The run id of the first rank that got here (one ``compare_set``, never a wait)."""
     value = store.compare_set(f"{namespace}/run_id", "", proposal)
     return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def derived_run_id(seq: int) -> str | None:
-    """A run id every rank computes alike from ``torchrun``'s environment (no store)."""
-    rdzv = os.environ.get("TORCHELASTIC_RUN_ID", "")
-    if not rdzv or rdzv == "none":
-        return None
-    key = "|".join((rdzv, os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", ""),
-                    os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"), str(seq)))
-    return "torchrun-" + hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
 @dataclass

@@ -44,7 +44,7 @@ def _torchrun_run_id() -> str | None:
     """Under ``torchrun``, the id every rank derives alike for its first run (or None)."""
     if os.environ.get("TORCHELASTIC_RUN_ID", "none") in ("", "none"):
         return None
-    from observers.capture.distributed import derived_run_id  # torch is in use anyway
+    from observers.capture.torchrun_env import derived_run_id  # stdlib only: no import-lock deadlock
 
     return derived_run_id(0)
 
