@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import re
+import runpy
+import sys
 import warnings
 from collections import OrderedDict
 from pathlib import Path
@@ -264,17 +266,21 @@ def test_gpu_util_rule_on_a_fake_gpu_feed(tmp_path, monkeypatch):
 
 def test_healthy_docs_example_raises_no_alert(tmp_path):
     proc = run_script(REPO / "docs" / "examples" / "train_digits.py", tmp_path, instrumented=True,
-                      args=("--epochs", "3"), OBSERVERS_DATASET=tmp_path.name, OBSERVERS_SAMPLE_INTERVAL="5")
+                      args=("--epochs", "2"), OBSERVERS_DATASET=tmp_path.name, OBSERVERS_SAMPLE_INTERVAL="3")
     dataset = tmp_path / "observers" / tmp_path.name
     assert {"runs", "scalars"} <= tables_of(dataset) and "alerts" not in tables_of(dataset)
     assert "AlertWarning" not in proc.stderr
     assert load(dataset, "runs").status.tolist() == ["finished"]
 
 
-def test_docs_alerts_example_stops_a_diverging_run(tmp_path):
-    proc = run_script(REPO / "docs" / "examples" / "train_with_alerts.py", tmp_path, instrumented=False,
-                      args=("--lr", "50", "--steps", "40", "--out", str(tmp_path / "out")))
-    assert "ALERT update_ratio_high at step 0" in proc.stdout
-    assert "ALERT loss at step 2: loss = " in proc.stdout
-    assert re.search(r"stopped cleanly after step \d+: loss at step 2", proc.stdout)
-    assert "run status: stopped" in proc.stdout
+def test_docs_alerts_example_stops_a_diverging_run(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["train_with_alerts.py", "--lr", "50", "--steps", "40",
+                                      "--out", str(tmp_path / "out")])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", AlertWarning)
+        runpy.run_path(str(REPO / "docs" / "examples" / "train_with_alerts.py"), run_name="__main__")
+    out = capsys.readouterr().out
+    assert "ALERT update_ratio_high at step 0" in out
+    assert "ALERT loss at step 2: loss = " in out
+    assert re.search(r"stopped cleanly after step \d+: loss at step 2", out)
+    assert "run status: stopped" in out
