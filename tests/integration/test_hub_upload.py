@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from datasets import load_dataset
 
 from observers import Observation
+from observers.present.cli import main as cli_main
 from opentelemetry.exporter.hf_dataset import HubAuthError, HubPusher, load_manifests
 from opentelemetry.exporter.hf_dataset._writer import sha256_file
 from tests.fakehub.fixtures import OTHER_TOKEN, hub, point_at, wait_for  # noqa: F401 - fixture
@@ -190,3 +191,17 @@ def test_bare_name_goes_to_the_token_namespace_and_public_on_request(hub, tmp_pa
     assert not manifest.pending("alice/exp")
     assert HubPusher(root, "alice/exp").push().commit is None      # nothing left: no empty commit
     assert len(hub.repo("alice/exp").commits) == 2
+
+
+def test_a_shard_changed_after_sealing_is_not_pushed(hub, tmp_path, capsys):
+    root = tmp_path / "ds"
+    shards = _recorded(root, epochs=2)
+    pq.write_table(pq.read_table(shards[0]).slice(0, 10), shards[0])      # damaged after sealing
+    assert cli_main(["push", str(root), "--repo", "alice/exp", "--no-progress"]) == 1
+    out = capsys.readouterr()
+    assert "1 shard(s) not pushed" in out.err and "observers verify" in out.err
+    files = hub.files("alice/exp")
+    rel0, rel1 = (s.relative_to(root).as_posix() for s in shards)
+    assert rel1 in files and rel0 not in files
+    [manifest] = load_manifests(root)
+    assert manifest.pending("alice/exp") == [rel0]

@@ -268,6 +268,8 @@ class HubPusher:
                     raise self._auth_error(exc) from None
                 if kind == "fatal" or (max_attempts is not None and attempt >= max_attempts):
                     raise
+                if _status(exc) == 404:
+                    self._repo_ready = False      # deleted under us? create it again
                 delay = self._backoff(attempt, _retry_after(exc))
                 limit = deadline()
                 if limit is not None:
@@ -276,8 +278,9 @@ class HubPusher:
                     if remaining <= 0.05 or late > _CLOSING_RETRIES:
                         raise
                     delay = min(delay, 0.5, remaining / 2)
-                _logger.warning("Hub push to %s failed (attempt %d, retrying in %.1fs): %s",
-                                self.repo_id, attempt, delay, describe(exc))
+                if attempt <= 3 or attempt % 10 == 0 or limit is not None:   # rate-limited log
+                    _logger.warning("Hub push to %s failed (attempt %d, retrying in %.1fs): %s",
+                                    self.repo_id, attempt, delay, describe(exc))
                 waiter = abandon if (limit is not None or interrupt.is_set()) else interrupt
                 if waiter.wait(delay) and waiter is abandon:
                     raise _Abandoned("upload abandoned") from exc
@@ -345,8 +348,13 @@ class HubPusher:
         path = self.root / item.rel
         source: Any = path.read_bytes() if item.size <= _INLINE_MAX else str(path)
         op = CommitOperationAdd(path_in_repo=item.rel, path_or_fileobj=source)
-        if op.upload_info.sha256.hex() != item.sha256:
-            return None
+        sha = op.upload_info.sha256.hex()
+        if sha != item.sha256:
+            with item.manifest.lock:       # rewritten (the runs row) since we looked?
+                current = item.manifest.shards.get(item.rel, {}).get("sha256")
+            if sha != current:
+                return None
+            item.sha256 = sha
         return op
 
     def _push_once(self, progress: Callable[[int, str], None] | None, force: bool) -> PushResult:
@@ -360,8 +368,10 @@ class HubPusher:
         for item in items:
             op = self._make_op(item)
             if op is None:
-                _logger.warning("shard %s changed since it was sealed (its sha256 no longer matches the "
-                                "manifest); not uploaded (run `observers verify %s`)", item.rel, self.root)
+                rewritable = item.manifest.shards.get(item.rel, {}).get("epoch") is None
+                (_logger.debug if rewritable else _logger.warning)(
+                    "shard %s does not match its sha256 in the manifest; not uploaded (being rewritten, "
+                    "or damaged: run `observers verify %s`)", item.rel, self.root)
                 result.skipped.append(item.rel)
                 continue
             item.op = op
