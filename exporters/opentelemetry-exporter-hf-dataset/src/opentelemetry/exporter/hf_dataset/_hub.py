@@ -90,15 +90,26 @@ def _retry_after(exc: BaseException) -> float | None:
         return None
 
 
+def _http_lib() -> Any:
+    """The HTTP client module of ``huggingface_hub`` (``httpx2`` in 2.x)."""
+    try:
+        import httpx2
+
+        return httpx2
+    except ImportError:  # pragma: no cover - older huggingface_hub
+        import httpx
+
+        return httpx
+
+
 def _is_transient(exc: BaseException) -> bool:
     """Network trouble (timeouts, refused or dropped connections) anywhere in the chain."""
-    import httpx2
-
+    http = _http_lib()
     seen: set[int] = set()
     cur: BaseException | None = exc
     while cur is not None and id(cur) not in seen:
         seen.add(id(cur))
-        if isinstance(cur, (httpx2.TransportError, TimeoutError, ConnectionError)):
+        if isinstance(cur, (http.TransportError, TimeoutError, ConnectionError)):
             return True
         cur = cur.__cause__ or cur.__context__
     return False
@@ -145,16 +156,16 @@ def ensure_http_timeout(seconds: float) -> None:
     per-request timeouts still win.
     """
     global _timeout_set_by_us
-    import httpx2
     from huggingface_hub.utils import get_session
 
+    http = _http_lib()
     session = get_session()
     current = getattr(session, "timeout", None)
-    if not isinstance(current, httpx2.Timeout):
+    if not isinstance(current, http.Timeout):
         return
     untouched = current.read is None and current.connect is None
     if untouched or current == _timeout_set_by_us:
-        wanted = httpx2.Timeout(seconds, connect=min(seconds, 15.0))
+        wanted = http.Timeout(seconds, connect=min(seconds, 15.0))
         if current != wanted:
             session.timeout = wanted
         _timeout_set_by_us = wanted
