@@ -115,3 +115,62 @@ def test_straggler_alert_has_the_outputs_of_every_alert(store, tmp_path):
     with pytest.warns(AlertWarning, match="rank 1 is a straggler"):
         d._publish_alert(run, row)
     assert [(a.rule, a.metric, a.value) for a in seen] == [("straggler", "data_time", 0.05)]
+
+
+def _tiny_training(steps: int = 3) -> None:
+    import torch
+
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(steps):
+        model(torch.randn(3, 4)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def test_periodic_clock_measurements_become_system_rows(store, tmp_path, monkeypatch):
+    from datasets import load_dataset
+
+    monkeypatch.setenv("OBSERVERS_CLOCK_SYNC_INTERVAL", "0.3")
+    monkeypatch.setenv("OBSERVERS_STRAGGLER_INTERVAL", "0")
+    shared = d._Shared(store, "observers/periodic")
+    zero = d.DistributedMonitor(_rank_run(0, 2, tmp_path), shared)
+    server = threading.Thread(target=zero._serve_clock, args=(d._clone(store, 10),), daemon=True)
+    server.start()
+    from observers import Observation
+
+    with Observation(dataset_name="periodic", local_dir=tmp_path) as obs:
+        run = obs._run
+        run.rank, run.world_size = 1, 2
+        one = d.DistributedMonitor(run, shared)
+        one.on_start(run)
+        _tiny_training()
+        import time
+
+        time.sleep(1.2)
+        one.on_finish(run)
+    store.queue_push(zero._req_key, "stop")
+    server.join(5)
+    system = load_dataset(str(tmp_path / "periodic"), "system", split="train",
+                          cache_dir=str(tmp_path / "cache")).to_pandas()
+    clock = system[(system.device == "clock") & (system.name == "clock_offset_s")]
+    assert len(clock) >= 3, clock          # at the start, then every 0.3 s
+    assert (clock.value.abs() < 0.05).all()
+    assert len(system[(system.device == "clock") & (system.name == "clock_rtt_s")]) == len(clock)
+
+
+def test_distributed_before_init_process_group_uses_torchrun_env(tmp_path, monkeypatch):
+    """``Observation(distributed=True)`` entered before ``init_process_group``: rank from
+    ``RANK``/``WORLD_SIZE``, the run id derived from ``TORCHELASTIC_RUN_ID``, rank folders."""
+    from observers import Observation
+
+    for var, value in {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4",
+                       "TORCHELASTIC_RUN_ID": "job-7", "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(var, value)
+    expected = d.derived_run_id(0)
+    monkeypatch.setattr(d, "_SEQUENCE", iter(range(10**6)))  # this process may have run others
+    with Observation(dataset_name="early", local_dir=tmp_path, distributed=True) as obs:
+        _tiny_training()
+    assert (obs._run.rank, obs._run.local_rank, obs._run.world_size) == (3, 1, 4)
+    assert obs.run_id == expected
+    assert (tmp_path / "early" / "data" / "scalars" / expected / "rank-00003" / "epoch-00000.parquet").is_file()
