@@ -182,13 +182,18 @@ def test_resume_upload_pushes_what_an_earlier_run_left_pending(hub, tmp_path):
             assert sha256_file(tmp_path / "exp" / rel) == info["sha256"]
 
 
-def test_bare_name_goes_to_the_token_namespace_and_public_on_request(hub, tmp_path):
+def test_bare_name_goes_to_the_token_namespace_and_public_on_request(hub, tmp_path, monkeypatch):
+    from opentelemetry.exporter.hf_dataset import _hub
+
+    monkeypatch.setattr(_hub, "_INLINE_MAX", 0)       # shards streamed from their paths, as big ones are
     root = tmp_path / "ds"
     _recorded(root, epochs=1)
     result = HubPusher(root, "exp", private=False).push()
     assert result.repo_id == "alice/exp" and not hub.repo("alice/exp").private
     [manifest] = load_manifests(root)
     assert not manifest.pending("alice/exp")
+    for rel in manifest.shards:
+        assert hub.files("alice/exp")[rel] == (root / rel).read_bytes()
     assert HubPusher(root, "alice/exp").push().commit is None      # nothing left: no empty commit
     assert len(hub.repo("alice/exp").commits) == 2
 
