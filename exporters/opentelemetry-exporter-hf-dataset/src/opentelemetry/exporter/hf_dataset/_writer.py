@@ -62,6 +62,7 @@ def _parquet_options(schema: pa.Schema) -> dict[str, Any]:
     options["use_dictionary"] = [f.name for f in schema
                                  if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
                                  or pa.types.is_dictionary(f.type)]
+
     def split(t: pa.DataType) -> bool:
         return pa.types.is_floating(t) and not pa.types.is_float16(t)
 
