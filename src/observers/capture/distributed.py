@@ -284,7 +284,9 @@ def sharded_sum_sq(run: "Run", tensors: Sequence[torch.Tensor],
     dist = _dist()
     plain: list[torch.Tensor] = []
     meshes: dict[int, list[torch.Tensor]] = {}
-    groups: dict[int, tuple[Any, list[torch.Tensor]]] = {}
+    # Every FSDP1 group is reduced, in the same order on every rank, also when this rank
+    # holds no element of its parameters (tiny flat parameters): a skipped collective hangs.
+    groups: dict[int, tuple[Any, list[torch.Tensor]]] = {id(pg): (pg, []) for pg in fsdp1.values()}
     for i, t in enumerate(tensors):
         if has_dtensor and isinstance(t, DTensor):
             meshes.setdefault(id(t.device_mesh), []).append(t)
@@ -302,11 +304,11 @@ def sharded_sum_sq(run: "Run", tensors: Sequence[torch.Tensor],
         total = torch.linalg.vector_norm(torch.stack([n.to(torch.float32) for n in norms]))
         total = total.full_tensor() if isinstance(total, DTensor) else total
         parts.append(total * total)
+    device = tensors[0].device
     for pg, ts in groups.values():
-        local = _local_sum_sq(ts)
+        local = _local_sum_sq(ts) if ts else torch.zeros((), device=device)
         dist.all_reduce(local, group=pg)
         parts.append(local)
-    device = parts[0].device
     return torch.stack([p.to(device, torch.float32).reshape(()) for p in parts]).sum()
 
 
