@@ -147,6 +147,8 @@ def test_update_ratio_flags_lr_too_high_and_too_low_but_not_an_annealed_schedule
     rows = [(s, "learning_rate", 1e-3 * (1 - s / 100)) for s in range(0, 100, 10)]
     rows += [(s, "update_ratio", 1e-3 if s < 50 else 1e-8) for s in range(0, 100, 10)]
     assert annealed.on_scalars(scalars(rows)) == []
+    lbfgs = UpdateRatio({}, Context(optimizer=lambda: "LBFGS"))  # line searches take big steps on purpose
+    assert lbfgs.on_scalars(scalars([(0, "update_ratio", 2.0)])) == []
     blown = UpdateRatio({}, Context())  # huge weights make any update look tiny: not an LR-too-low case
     rows = [(s, "param_norm", 10.0 if s == 0 else 1e7) for s in range(0, 50, 10)]
     rows += [(s, "update_ratio", 1e-3 if s == 0 else 1e-8) for s in range(0, 50, 10)]

@@ -75,7 +75,7 @@ class AlertMonitor:
                  callback: Callable[[Alert], Any] | None = None) -> None:
         self.run = run
         context = Context(current_step=lambda: run.step, request_sample=run.request_sample,
-                          layer_stats=bool(run.config.tensor_level))
+                          layer_stats=bool(run.config.tensor_level), optimizer=lambda: run.info.get("optimizer"))
         self.rules = RuleSet(settings.rules, context)
         self.detectors = build_detectors(settings.detectors, context)
         self.gate = AlertGate(settings.max_alerts, settings.max_alerts_per_rule)

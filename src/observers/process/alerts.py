@@ -445,6 +445,8 @@ class Context:
     current_step: Callable[[], int] = lambda: 0
     request_sample: Callable[[], None] = lambda: None
     layer_stats: bool = True
+    optimizer: Callable[[], str | None] = lambda: None
+    """Class name of the run's (first) optimizer, once known."""
 
 
 class RuleSet:

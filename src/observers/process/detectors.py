@@ -31,8 +31,8 @@ detector (rule names)  reads                            fires when (defaults)
                                                          last ``window`` (50) losses and their
                                                          step-to-step noise) above ``z`` (10) and
                                                          loss > ``ratio`` (1.5) x that median
-``update_ratio``       ``update_ratio`` (sampled)       above ``high`` (0.1) for ``for_steps`` (3)
-                                                         sampled steps, or above ``extreme`` (0.5)
+``update_ratio``       ``update_ratio`` (sampled; not   above ``high`` (0.1) for ``for_steps`` (3)
+                       for LBFGS)                       sampled steps, or above ``extreme`` (0.5)
                                                          once: LR too high (``update_ratio_high``);
                                                          below ``low`` (1e-6) for ``for_steps``
                                                          while the LR is not annealed and the
@@ -433,8 +433,13 @@ class UpdateRatio(Detector):
         self.max_lr = 0.0
         self.first_param_norm: float | None = None
 
+    SECOND_ORDER = ("LBFGS",)
+    """Optimizers whose steps are meant to be large (line searches): not judged."""
+
     def on_scalars(self, cols: Columns) -> list[Alert]:
-        out = []
+        out: list[Alert] = []
+        if self.context.optimizer() in self.SECOND_ORDER:
+            return out
         lr_steps, lrs, _ = _series(cols, "learning_rate")
         finite = np.isfinite(lrs)
         if finite.any():
