@@ -149,6 +149,27 @@ def test_raise_action_fails_the_run_with_an_alert_error(tmp_path):
     assert runs.status.tolist() == ["failed"] and runs.error[0].startswith("AlertError: alert 'loss'")
 
 
+@pytest.mark.filterwarnings("ignore::observers.process.alerts.AlertWarning")
+def test_stop_without_an_optimizer_leaves_the_next_backward(tmp_path):
+    model = mlp()
+    steps = []
+    with pytest.raises(observers.TrainingStopped) as info:
+        with Observation(dataset_name=tmp_path.name, local_dir=tmp_path, sample_interval=5,
+                         alert_rules={"loss": {"max": 0.0, "action": "stop"}, "detectors": False}):
+            for step in range(200):
+                i = (step * 32) % (len(X) - 32)
+                loss = F.cross_entropy(model(X[i:i + 32]), Y[i:i + 32])
+                model.zero_grad()
+                loss.backward()  # hand-written SGD: a step ends at the next backward
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p -= 0.1 * p.grad
+                steps.append(step)
+    assert info.value.alert.step == 0 and 0 < len(steps) < 200
+    runs = load(tmp_path / tmp_path.name, "runs")
+    assert runs.status.tolist() == ["stopped"] and runs.steps[0] == len(steps)
+
+
 def test_huge_learning_rate(tmp_path):
     model = mlp()
     seen, error, dataset = train(tmp_path, model, torch.optim.SGD(model.parameters(), lr=50.0), sample_interval=5)
