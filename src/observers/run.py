@@ -183,6 +183,7 @@ class Run:
         self._drain_due = False
         self._last_drain = time.monotonic()
         self._snapshots: dict[int, list[torch.Tensor]] = {}
+        self.tensor_norms: dict[str, tuple[list[torch.Tensor], torch.Tensor]] = {}  # last _add_sq, per tensor
         self._model_hook: Any = None
         self._scaled: tuple[weakref.ReferenceType[torch.Tensor], torch.Tensor] | None = None
         self._closure_opt: torch.optim.Optimizer | None = None  # sampled step(closure) awaiting grads
@@ -613,6 +614,8 @@ class Run:
                 device = norms[0].device
                 stacked = torch.stack([n.to(device, torch.float32) for n in norms])
                 total = torch.dot(stacked, stacked)
+                if owners is not None:  # per-tensor norms, reused by the layer statistics
+                    self.tensor_norms[name] = (owners, stacked)
         self.buffer.device.append(total)
         self.buffer.device_index.append((row, name))
 

@@ -268,7 +268,7 @@ def main() -> None:
           f"{os.getloadavg()[0]:.1f}; {args.repeats} repeats x {args.steps} timed steps per block\n")
     print(f"command: {' '.join([Path(sys.executable).name, *sys.argv])}\n")
     rows = []
-    for w in workloads:
+    for w in workloads if args.repeats > 0 else []:
         rows += bench_time(w, intervals, args.repeats, args.warmup, args.steps, args.scalars_only)
     print("| workload | variant | mean ms | median ms | ratio (mean) | min-max | ratio (median) | ratio (CPU time) "
           "| sampled / unsampled ms | target |")

@@ -314,3 +314,32 @@ def test_tensor_level_off_means_no_layer_rows(tmp_path):
         _train(nn.Linear(12, 3), 2)
     assert (obs.dataset_dir / "data" / "scalars").is_dir()
     assert not (obs.dataset_dir / "data" / "layers").exists()
+
+
+@pytest.mark.parametrize("metrics", [None, ["loss", "layer.*"]], ids=["reusing-run-norms", "own-norms"])
+def test_weight_grad_and_update_rows_equal_reference_norms(tmp_path, metrics):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(12, 16), nn.ReLU(), nn.Linear(16, 3))
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    names = [n for n, _ in model.named_parameters()]
+    ref: dict[tuple[int, str, str], float] = {}
+    kwargs = {} if metrics is None else {"metrics": metrics}
+    with Observation(dataset_name=unique("w"), local_dir=tmp_path, sample_interval=2, **kwargs) as obs:
+        for step in range(4):
+            loss = F.cross_entropy(model(torch.randn(8, 12)), torch.randint(0, 3, (8,)))
+            opt.zero_grad()
+            loss.backward()
+            before = [p.detach().clone() for p in model.parameters()]
+            for n, p in zip(names, model.parameters()):
+                ref[(step, n, "weight_grad")] = torch.linalg.vector_norm(p.grad).item()
+            opt.step()
+            for n, p, b in zip(names, model.parameters(), before):
+                ref[(step, n, "weight")] = torch.linalg.vector_norm(p.detach()).item()
+                ref[(step, n, "update")] = torch.linalg.vector_norm(p.detach() - b).item()
+    df = load_layers(obs.dataset_dir)
+    rows = df[df.kind.isin(["weight", "weight_grad", "update"])]
+    assert len(rows) == 2 * 3 * len(names)  # steps 0 and 2
+    for _, row in rows.iterrows():
+        assert math.isclose(row.l2_norm, ref[(row.step, row.layer, row.kind)], rel_tol=1e-5), (row.layer, row.kind)
+        assert row.numel == dict(model.named_parameters())[row.layer].numel()
+        assert row.layer_type == "Linear" and pd.isna(row["mean"])

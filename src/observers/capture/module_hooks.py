@@ -173,7 +173,7 @@ class LayerStats(Component):
         self._calls: dict[int, int] = {}
         self._seen: dict[int, tuple[weakref.ReferenceType[torch.Tensor], int, int, int]] = {}
         self._tensor_handles: list[Any] = []
-        self._before: dict[int, tuple[list[torch.Tensor], list[int], list[int], list[torch.Tensor]]] = {}
+        self._before: dict[int, list[torch.Tensor]] = {}  # own update snapshots (optimizer id)
         self._scale: tuple[torch.Tensor, torch.Tensor] | None = None
         self._step = -1
         self.compiled = False
@@ -211,11 +211,12 @@ class LayerStats(Component):
             params, layers = self._selected_params(optimizer)
             if self.want_weight_grad:
                 idx = [j for j, p in enumerate(params) if p.grad is not None and not p.grad.is_sparse]
-                self._add_norms(ls.WEIGHT_GRAD, [params[j].grad for j in idx], [layers[j] for j in idx])
-            if self.want_update and params:
-                with torch.no_grad():
-                    before = [p.detach().clone() for p in params]
-                self._before[id(optimizer)] = (params, layers, [], before)
+                owners = [params[j] for j in idx]
+                self._add_norms(ls.WEIGHT_GRAD, owners, [layers[j] for j in idx], "_gsq",
+                                lambda: [p.grad for p in owners])
+            if self.want_update and params and not run.config.wants("update_ratio"):
+                with torch.no_grad():  # the run takes this snapshot itself when it wants update_ratio
+                    self._before[id(optimizer)] = [p.detach().clone() for p in params]
         except Exception as exc:  # noqa: BLE001
             self._failed("optimizer_pre", exc)
 
@@ -223,15 +224,19 @@ class LayerStats(Component):
         if not sampled or self._token is None:
             return
         try:
-            before = self._before.pop(id(optimizer), None)
-            if before is not None:
-                params, layers, _, snap = before
-                with torch.no_grad():
-                    deltas = torch._foreach_sub([p.detach() for p in params], snap)
-                self._add_norms(ls.UPDATE, deltas, layers)
+            params, layers = self._selected_params(optimizer)
+            if self.want_update:
+                before = self._before.pop(id(optimizer), None)
+
+                def deltas() -> list[torch.Tensor]:
+                    if before is None or len(before) != len(params):
+                        return []
+                    with torch.no_grad():
+                        return torch._foreach_sub([p.detach() for p in params], before)
+
+                self._add_norms(ls.UPDATE, params, layers, "_usq", deltas)
             if self.want_weight:
-                params, layers = self._selected_params(optimizer)
-                self._add_norms(ls.WEIGHT, [p.detach() for p in params], layers)
+                self._add_norms(ls.WEIGHT, params, layers, "_psq", lambda: [p.detach() for p in params])
         except Exception as exc:  # noqa: BLE001
             self._failed("optimizer_post", exc)
 
@@ -446,17 +451,43 @@ class LayerStats(Component):
         self._params[p] = layer
         return layer
 
-    def _add_norms(self, kind: int, tensors: list[torch.Tensor], layers: list[int]) -> None:
-        if not tensors:
+    def _add_norms(self, kind: int, params: list[torch.Tensor], layers: list[int], run_key: str,
+                   tensors: Callable[[], list[torch.Tensor]]) -> None:
+        """One ``kind`` row per parameter: the run's own per-tensor norms of this optimizer
+        step when it computed them (``grad_norm``, ``param_norm``, ``update_ratio``), else
+        ``torch._foreach_norm`` of ``tensors()``."""
+        if not params:
+            return
+        numels = [p.numel() for p in params]
+        reused = self._run_norms(run_key, params)
+        if reused is not None:
+            self.matrix.add_norms(kind, layers, reused, numels)
+            return
+        ts = tensors()
+        if not ts:
             return
         with torch.no_grad():
-            norms = torch._foreach_norm(tensors)
+            norms = torch._foreach_norm(ts)
         by_device: dict[torch.device, list[int]] = {}
         for j, n in enumerate(norms):
             by_device.setdefault(n.device, []).append(j)
-        for device, idx in by_device.items():
+        for idx in by_device.values():
             stacked = torch.stack([norms[j].to(torch.float32) for j in idx])
-            self.matrix.add_norms(kind, [layers[j] for j in idx], stacked, [tensors[j].numel() for j in idx])
+            self.matrix.add_norms(kind, [layers[j] for j in idx], stacked, [numels[j] for j in idx])
+
+    def _run_norms(self, key: str, params: list[torch.Tensor]) -> torch.Tensor | None:
+        """The run's norms of ``params`` from this very optimizer hook, in their order."""
+        entry = self.run.tensor_norms.pop(key, None) if hasattr(self.run, "tensor_norms") else None
+        if entry is None:
+            return None
+        owners, stacked = entry
+        if len(owners) == len(params) and all(a is b for a, b in zip(owners, params)):
+            return stacked
+        where = {id(p): j for j, p in enumerate(owners)}
+        idx = [where.get(id(p), -1) for p in params]
+        if min(idx) < 0:
+            return None
+        return stacked.index_select(0, torch.tensor(idx, device=stacked.device))
 
 
 def _factory(run: Run) -> Component | None:
