@@ -13,6 +13,8 @@ import pytest
 _SESSION_HF_HOME = Path(tempfile.mkdtemp(prefix="observers-hf-"))
 os.environ["HF_HOME"] = str(_SESSION_HF_HOME)
 os.environ["HF_DATASETS_CACHE"] = str(_SESSION_HF_HOME / "datasets")
+os.environ["HF_HUB_DISABLE_XET"] = "1"
+os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
 
 from tests._support import run_script  # noqa: E402
 
