@@ -183,6 +183,7 @@ class Run:
         self._drain_due = False
         self._last_drain = time.monotonic()
         self._snapshots: dict[int, list[torch.Tensor]] = {}
+        self._snapshot_bufs: "weakref.WeakKeyDictionary[torch.optim.Optimizer, list[torch.Tensor]]" = weakref.WeakKeyDictionary()
         self.tensor_norms: dict[str, tuple[list[torch.Tensor], torch.Tensor]] = {}  # last _add_sq, per tensor
         self._model_hook: Any = None
         self._scaled: tuple[weakref.ReferenceType[torch.Tensor], torch.Tensor] | None = None
@@ -255,6 +256,7 @@ class Run:
         except Exception as exc:  # noqa: BLE001
             _logger.warning("observers: could not drain the last steps: %r", exc)
         self._call("on_finish", self)
+        self._snapshot_bufs.clear()
         end_ns = time.time_ns()
         self._end_epoch_signals()
         epoch = self._last_closed_epoch
@@ -591,7 +593,7 @@ class Run:
             self._add_sq("_gsq", grads, row, owners)
         if wants("update_ratio") and params:
             with torch.no_grad():
-                self._snapshots[id(optimizer)] = [p.detach().clone() for p in params]
+                self._snapshots[id(optimizer)] = self._snapshot(optimizer, params)
 
     def _norms_after(self, optimizer: torch.optim.Optimizer, row: int) -> None:
         wants = self.config.wants
@@ -602,8 +604,19 @@ class Run:
         before = self._snapshots.pop(id(optimizer), None)
         if before is not None and len(before) == len(params):
             with torch.no_grad():
-                deltas = torch._foreach_sub(params, before)
-            self._add_sq("_usq", deltas, row, owners)
+                torch._foreach_sub_(before, params)  # in place: before - after, same norm
+            self._add_sq("_usq", before, row, owners)
+
+    def _snapshot(self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Copy of ``params`` into buffers reused across sampled steps: on CPU a fresh clone
+        costs 5x the copy (page faults of newly mapped memory), and its peak is the same."""
+        bufs = self._snapshot_bufs.get(optimizer)
+        if bufs is None or len(bufs) != len(params) or any(
+                b.shape != p.shape or b.dtype != p.dtype or b.device != p.device for b, p in zip(bufs, params)):
+            bufs = self._snapshot_bufs[optimizer] = [p.detach().clone() for p in params]
+        else:
+            torch._foreach_copy_(bufs, [p.detach() for p in params])
+        return bufs
 
     def _add_sq(self, name: str, tensors: list[torch.Tensor], row: int,
                 owners: list[torch.Tensor] | None = None) -> None:
