@@ -78,7 +78,8 @@ class _DeviceMatrix:
         self.cpu = device.type == "cpu"
         self.bins = bins
         self.used = 0
-        self.scratch: torch.Tensor | None = None
+        self._scratch: torch.Tensor | None = None
+        self._scratch_views: dict[int, torch.Tensor] = {}
         self._alloc(capacity)
 
     def _alloc(self, capacity: int) -> None:
@@ -116,11 +117,15 @@ class _DeviceMatrix:
                                     i[I_NNZ], i[I_NAN], i[I_INF], i[I_SAT])
         return v
 
-    def scratch_like(self, t: torch.Tensor) -> torch.Tensor:
-        n = t.numel()
-        if self.scratch is None or self.scratch.numel() < n:
-            self.scratch = torch.empty(max(n, 4096), dtype=torch.float32, device=self.device)
-        return self.scratch[:n].view(t.shape)
+    def scratch(self, n: int) -> torch.Tensor:
+        """A reused 1-D float32 buffer of ``n`` elements (views cached by size)."""
+        view = self._scratch_views.get(n)
+        if view is None:
+            if self._scratch is None or self._scratch.numel() < n:
+                self._scratch = torch.empty(max(n, 4096), dtype=torch.float32, device=self.device)
+                self._scratch_views.clear()
+            view = self._scratch_views[n] = self._scratch[:n]
+        return view
 
 
 @dataclass
@@ -229,27 +234,36 @@ class Snapshot:
 
 
 class StatsMatrix:
-    """Rows of one sampled step: statistics on device, what they describe on the host."""
+    """Rows of one sampled step: statistics on device, what they describe on the host.
+
+    The per-row description (kind, layer, call, ...) is kept in plain lists, turned into
+    numpy arrays once per step by :meth:`snapshot`.
+    """
 
     def __init__(self, bins: int = 0, capacity: int = 64) -> None:
         self.bins = bins
         self._capacity = capacity
         self._mats: list[_DeviceMatrix] = []
         self._dev_index: dict[torch.device, int] = {}
-        self._grow(capacity)
-        self.n = 0
+        self.reset()
 
-    def _grow(self, capacity: int) -> None:
-        self._cap = capacity
-        self._meta = np.zeros((9, capacity), dtype=np.int64)
-        self.kind, self.layer, self.call, self.numel, self.alias, self.filled, self.sat, \
-            self.dev, self.pos = self._meta
+    @property
+    def n(self) -> int:
+        return len(self._kind)
 
     def reset(self) -> None:
         """Start a new sampled step (reuses every buffer)."""
         for m in self._mats:
             m.reset()
-        self.n = 0
+        self._kind: list[int] = []
+        self._layer: list[int] = []
+        self._call: list[int] = []
+        self._numel: list[int] = []
+        self._alias: list[int] = []
+        self._filled: list[bool] = []
+        self._sat: list[int] = []
+        self._dev: list[int] = []
+        self._pos: list[int] = []
 
     def _matrix(self, device: torch.device) -> tuple[int, _DeviceMatrix]:
         d = self._dev_index.get(device)
@@ -261,16 +275,17 @@ class StatsMatrix:
     def new_row(self, kind: int, layer: int, call: int, device: torch.device, numel: int = 0,
                 sat: int = SAT_NONE, alias: int = -1) -> int:
         """Reserve a row (values zero until :meth:`fill`); returns its index."""
-        r = self.n
-        if r == self._cap:
-            old = self._meta
-            self._grow(self._cap * 2)
-            self._meta[:, :r] = old[:, :r]
         d, m = self._matrix(device)
-        self.kind[r], self.layer[r], self.call[r], self.numel[r] = kind, layer, call, numel
-        self.alias[r], self.filled[r], self.sat[r] = alias, 0, sat
-        self.dev[r], self.pos[r] = d, m.new_row()
-        self.n = r + 1
+        r = len(self._kind)
+        self._kind.append(kind)
+        self._layer.append(layer)
+        self._call.append(call)
+        self._numel.append(numel)
+        self._alias.append(alias)
+        self._filled.append(False)
+        self._sat.append(sat)
+        self._dev.append(d)
+        self._pos.append(m.new_row())
         return r
 
     def add(self, kind: int, layer: int, call: int, t: torch.Tensor,
@@ -282,13 +297,14 @@ class StatsMatrix:
 
     def fill(self, r: int, t: torch.Tensor, sat: tuple[int, float, float] | None = None) -> None:
         """Compute the statistics of ``t`` into row ``r`` (device kernels only)."""
-        m = self._mats[int(self.dev[r])]
+        m = self._mats[self._dev[r]]
         if t.device != m.device:  # cannot happen for a tensor's own gradient; be safe
             return
-        pos = int(self.pos[r])
-        self.numel[r] = t.numel()
-        self.filled[r] = 1
-        if t.numel() == 0:
+        pos = self._pos[r]
+        n = t.numel()
+        self._numel[r] = n
+        self._filled[r] = True
+        if n == 0:
             return
         if t.is_complex():
             t = t.abs()
@@ -309,25 +325,24 @@ class StatsMatrix:
         first = self.n
         for j in range(k):
             self.new_row(kind, layers[j], 0, norms.device, numels[j])
-        pos = self.pos[first:first + k]
-        p0 = int(pos[0])
-        if np.array_equal(pos, np.arange(p0, p0 + k)):
+        pos = self._pos[first:first + k]
+        p0 = pos[0]
+        if pos[-1] - p0 == k - 1:
             m.f[p0:p0 + k, F_NORM].copy_(norms)
         else:  # the matrix grew in between; rare
             idx = torch.as_tensor(pos, device=norms.device)
             m.f[:, F_NORM].index_copy_(0, idx, norms.to(torch.float32))
-        self.filled[first:first + k] = 1
+        self._filled[first:first + k] = [True] * k
 
     def add_scale(self, scale: torch.Tensor) -> None:
         """The AMP loss scale of this step's backward (gradient rows are divided by it)."""
         r = self.new_row(_SCALE, 0, 0, scale.device, 1)
-        m = self._mats[int(self.dev[r])]
-        m.views(int(self.pos[r]))[0].copy_(scale.reshape(()))
-        self.filled[r] = 1
+        m = self._mats[self._dev[r]]
+        m.views(self._pos[r])[0].copy_(scale.reshape(()))
+        self._filled[r] = True
 
     def snapshot(self) -> Snapshot:
         """Start the device-to-host copies of the used rows; never waits for the device."""
-        n = self.n
         copies: list[tuple[torch.Tensor, torch.Tensor | None, Any]] = []
         for m in self._mats:
             used = max(m.used, 1)
@@ -348,7 +363,9 @@ class StatsMatrix:
                 event = torch.cuda.Event()
                 event.record()
             copies.append((data, hist, event))
-        meta = self._meta[:, :n].copy()
+        meta = [np.array(col, dtype=np.int64) for col in (
+            self._kind, self._layer, self._call, self._numel, self._alias, self._filled, self._sat,
+            self._dev, self._pos)]
         return Snapshot(*meta, copies=copies, bins=self.bins)
 
 
@@ -367,7 +384,11 @@ def _tensor_stats(t: torch.Tensor, v: tuple[torch.Tensor, ...], m: _DeviceMatrix
         s_max.copy_(hi)
     n = t.numel()
     if m.cpu and t.dtype == torch.float32 and n < _EXACT_DOT:
-        s = torch.sign(t, out=m.scratch_like(t)).view(-1)
+        s = m.scratch(n)
+        if t.is_contiguous():
+            torch.sign(t.view(-1), out=s)
+        else:
+            torch.sign(t, out=s.view(t.shape))
         s_nnz.copy_(torch.dot(s, s))
     else:
         s_nnz.copy_(torch.count_nonzero(t))
