@@ -150,7 +150,8 @@ OBSERVERS_LAYERS = "OBSERVERS_LAYERS"
 
 ``layers``: comma-separated globs of the qualified module names (``model.named_modules()``
 names, e.g. ``encoder.layers.*.linear*``) whose per-layer statistics are recorded; a
-parameter is selected when its own name or its module's name matches. Default: all.
+parameter is selected when its own name or its module's name matches. A glob starting
+with ``!`` excludes (``!*dropout*``: everything but dropout layers). Default: all.
 """
 
 OBSERVERS_MAX_DEPTH = "OBSERVERS_MAX_DEPTH"

@@ -16,7 +16,7 @@ from datasets import load_dataset
 from observers import Observation
 from observers.process import layer_stats as ls
 
-LAYERS = [("t", "T")] * 64
+LAYERS = (np.array(["t"] * 64, dtype=object), np.array(["T"] * 64, dtype=object))
 
 
 def load_layers(root) -> pd.DataFrame:
@@ -300,6 +300,8 @@ def test_layer_selection_by_glob_and_depth(tmp_path):
     model = nn.Sequential(nn.Sequential(nn.Linear(12, 8), nn.ReLU()), nn.Linear(8, 3))
     df = _train(model, 2, obs_kwargs=dict(sample_interval=1, layers=["0.*"]), tmp=tmp_path / "a")
     assert set(df.layer) == {"0.0", "0.1", "0.0.weight", "0.0.bias"}
+    df = _train(model, 2, obs_kwargs=dict(sample_interval=1, layers=["!0.1", "!*.bias"]), tmp=tmp_path / "x")
+    assert set(df.layer) == {"Sequential", "0", "0.0", "1", "0.0.weight", "1.weight"}
     df = _train(model, 2, obs_kwargs=dict(sample_interval=1, max_depth=1), tmp=tmp_path / "b")
     assert set(df[df.kind == "activation"].layer) == {"Sequential", "0", "1"}
     assert set(df[df.kind == "weight"].layer) == {"1.weight", "1.bias"}

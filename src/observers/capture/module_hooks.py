@@ -55,6 +55,7 @@ import time
 import weakref
 from typing import Any, Callable, Sequence
 
+import numpy as np
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
@@ -158,8 +159,11 @@ class LayerStats(Component):
         self.matrix = ls.StatsMatrix(cfg.histogram_bins)
         self.layers: list[tuple[str, str]] = []  # layer index -> (name, layer_type); append-only
         self._layer_ids: dict[tuple[str, str], int] = {}
-        self._modules: WeakIdKeyDictionary = WeakIdKeyDictionary()  # module -> _Module | _SKIP
+        self._arrays: tuple[np.ndarray, np.ndarray] = (np.empty(0, dtype=object), np.empty(0, dtype=object))
+        # id(module) -> (weakref, _Module | _SKIP); a plain dict is 10x faster than a weak one
+        self._modules: dict[int, tuple[weakref.ReferenceType[torch.nn.Module], Any]] = {}
         self._params: WeakIdKeyDictionary = WeakIdKeyDictionary()   # parameter -> layer index | -1
+        self._opt_cache: dict[int, tuple[tuple[int, ...], list[torch.Tensor], list[int]]] = {}
         self._names: dict[int, str] = {}            # id(module) -> qualified name
         self._depth: dict[int, int] = {}            # id(module) -> depth in the model tree
         self._param_names: dict[int, tuple[str, str, int]] = {}  # id(param) -> (name, module type, depth)
@@ -258,7 +262,7 @@ class LayerStats(Component):
         if self.matrix.n == 0:
             return
         snap = self.matrix.snapshot()
-        layers = self.layers
+        layers = self._layer_arrays()
         run_id, rank = run.run_id, run.rank
         epoch = int(run.buffer.row()[sb.EPOCH])
         time_ns = time.perf_counter_ns() + run.clock_offset_ns
@@ -267,6 +271,8 @@ class LayerStats(Component):
 
     def on_finish(self, run: Run) -> None:
         self._stop()
+        self._opt_cache.clear()
+        self._modules.clear()
 
     # -- hooks (training thread; gradient hooks on autograd's device threads) ------------
     def _first_call(self, module: torch.nn.Module, args: Any) -> None:
@@ -285,9 +291,8 @@ class LayerStats(Component):
         if _is_compiling() or self._token is None or not torch.is_grad_enabled():
             return None
         try:
-            info = self._modules.get(module)
-            if info is None:
-                info = self._describe(module)
+            entry = self._modules.get(id(module))
+            info = entry[1] if entry is not None and entry[0]() is module else self._describe(module)
             if info is _SKIP:
                 return None
             key = id(module)
@@ -366,6 +371,13 @@ class LayerStats(Component):
             _logger.warning("observers: layer statistics %s failed (%r); training is unaffected, "
                             "the values are missing", where, exc, exc_info=True)
 
+    def _layer_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """The layer registry as (names, types) object arrays, rebuilt only when it grew."""
+        if self._arrays[0].shape[0] != len(self.layers):
+            self._arrays = (np.array([n for n, _ in self.layers] or [""], dtype=object)[:len(self.layers)],
+                            np.array([t for _, t in self.layers] or [""], dtype=object)[:len(self.layers)])
+        return self._arrays
+
     def _layer(self, name: str, type_name: str) -> int:
         key = (name, type_name)
         idx = self._layer_ids.get(key)
@@ -401,11 +413,16 @@ class LayerStats(Component):
         self._param_names = names
 
     def _selected(self, names: Sequence[str], depth: int) -> bool:
+        """``layers`` globs select, ``!``-prefixed ones exclude; ``max_depth`` caps the depth."""
         if self.max_depth is not None and depth > self.max_depth:
             return False
         if self.globs is None:
             return True
-        return any(fnmatch.fnmatchcase(n, g) for n in names for g in self.globs)
+        include = [g for g in self.globs if not g.startswith("!")]
+        exclude = [g[1:] for g in self.globs if g.startswith("!")]
+        if include and not any(fnmatch.fnmatchcase(n, g) for n in names for g in include):
+            return False
+        return not any(fnmatch.fnmatchcase(n, g) for n in names for g in exclude)
 
     def _describe(self, module: torch.nn.Module) -> Any:
         if isinstance(module, self._wrappers):
@@ -421,10 +438,20 @@ class LayerStats(Component):
                 name = f"{type(module).__name__}@{id(module):x}"
             info = (_Module(name, type(module).__name__, ls.saturation_mode(module))
                     if self._selected((name,), depth) else _SKIP)
-        self._modules[module] = info
+        self._modules[id(module)] = (weakref.ref(module), info)
         return info
 
     def _selected_params(self, optimizer: torch.optim.Optimizer) -> tuple[list[torch.Tensor], list[int]]:
+        """The optimizer's parameters that are recorded, and their layer indices (cached)."""
+        key = tuple(id(p) for g in optimizer.param_groups for p in g["params"])
+        cached = self._opt_cache.get(id(optimizer))
+        if cached is not None and cached[0] == key:
+            return cached[1], cached[2]
+        params, layers = self._select_params(optimizer)
+        self._opt_cache[id(optimizer)] = (key, params, layers)
+        return params, layers
+
+    def _select_params(self, optimizer: torch.optim.Optimizer) -> tuple[list[torch.Tensor], list[int]]:
         params: list[torch.Tensor] = []
         layers: list[int] = []
         for g, group in enumerate(optimizer.param_groups):

@@ -161,9 +161,12 @@ class Snapshot:
                 h[rows] = hist.numpy()[self.pos[rows]]
         return f, i, h
 
-    def table(self, layers: Sequence[tuple[str, str]], *, run_id: str, rank: int, step: int,
+    def table(self, layers: tuple[np.ndarray, np.ndarray], *, run_id: str, rank: int, step: int,
               epoch: int, time_ns: int) -> pa.Table:
-        """The ``layers`` rows of this step (built on the exporter thread)."""
+        """The ``layers`` rows of this step (built on the exporter thread).
+
+        ``layers``: (names, layer types) as numpy object arrays, indexed by layer id.
+        """
         f, i, h = self._host()
         kind, alias = self.kind, self.alias
         scale_rows = np.flatnonzero(kind == _SCALE)
@@ -196,8 +199,8 @@ class Snapshot:
             sat_on = has & (self.sat[keep] != SAT_NONE) & (kind == ACTIVATION)
             sat = np.where(sat_on, i[:, I_SAT] / n, nan)
         mask_t = ~has
-        names = np.array([layers[j][0] for j in self.layer[keep]], dtype=object)
-        types = np.array([layers[j][1] for j in self.layer[keep]], dtype=object)
+        names = layers[0][self.layer[keep]]  # object arrays of the layer registry
+        types = layers[1][self.layer[keep]]
         ts = np.full(len(keep), time_ns, dtype="datetime64[ns]")
         cols: dict[str, pa.Array] = {
             "run_id": pa.array(np.full(len(keep), run_id, dtype=object), pa.string()),
