@@ -220,3 +220,24 @@ def test_no_host_sync_calls_from_observers_on_the_training_thread(tmp_path, monk
     assert sorted(df.step.unique()) == [0, 3, 6] and (df.kind == "activation").any()
     assert not {k: v for k, v in counts.items() if k.startswith("unsampled")}, counts
     assert not {k: v for k, v in counts.items() if k.startswith("sampled")}, counts
+
+
+def test_modules_outside_the_model_are_named_and_bounded(tmp_path, monkeypatch):
+    from observers.capture import module_hooks
+
+    monkeypatch.setattr(module_hooks, "MAX_UNNAMED", 3)
+    torch.manual_seed(0)
+    model = nn.Linear(6, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Observation(dataset_name=unique("fresh"), local_dir=tmp_path, sample_interval=1) as obs:
+        for _ in range(6):
+            scale = nn.Linear(4, 4)  # a new module every step (like DataParallel replicas)
+            loss = scale(model(torch.randn(3, 6))).sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    df = load_layers(obs.dataset_dir)
+    act = df[df.kind == "activation"]
+    fresh = act[act.layer.str.startswith("Linear@")]
+    assert fresh.layer.nunique() == 3 and fresh.step.max() == 2  # then no more new layers
+    assert (act.groupby("step").layer.apply(lambda s: "Linear" in set(s))).all()  # the model itself

@@ -65,6 +65,8 @@ from observers.run import COMPONENT_FACTORIES, Component, Run
 
 _logger = logging.getLogger(__name__)
 
+MAX_UNNAMED = 256
+"""Modules outside the model (``<Class>@<id>`` layers) recorded at most; later ones are skipped."""
 MAX_OUTPUTS = 16
 """Floating-point tensors recorded per module output (nested structures are walked)."""
 _MAX_NESTING = 4
@@ -184,6 +186,7 @@ class LayerStats(Component):
         self.errors = 0
         self._logged: set[str] = set()
         self._warned_nothing = False
+        self._unnamed = 0
 
     # -- run events ---------------------------------------------------------------------
     def on_step_start(self, run: Run, step: int, sampled: bool) -> None:
@@ -435,9 +438,16 @@ class LayerStats(Component):
                 name = self._names.get(id(module))
             depth = self._depth.get(id(module), 0) if name is not None else 0
             if name is None:
+                self._unnamed += 1
                 name = f"{type(module).__name__}@{id(module):x}"
-            info = (_Module(name, type(module).__name__, ls.saturation_mode(module))
-                    if self._selected((name,), depth) else _SKIP)
+            if name is not None and self._unnamed > MAX_UNNAMED and id(module) not in self._names:
+                # modules created anew every step (DataParallel replicas): bounded registry
+                info = _SKIP
+            else:
+                info = (_Module(name, type(module).__name__, ls.saturation_mode(module))
+                        if self._selected((name,), depth) else _SKIP)
+        if len(self._modules) > 4096 + 4 * len(self._names):  # forget modules that are gone
+            self._modules = {k: v for k, v in self._modules.items() if v[0]() is not None}
         self._modules[id(module)] = (weakref.ref(module), info)
         return info
 
