@@ -91,10 +91,11 @@ def _series(cols: Columns, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarra
 
 
 def _bad_rows(cols: Columns) -> np.ndarray:
-    """Rows of a layers table holding a NaN or Inf."""
+    """Rows of a layers table holding a NaN or Inf (an empty tensor has no norm, and is fine)."""
     nan = np.nan_to_num(cols.floats("nan_count"), nan=0.0)
     inf = np.nan_to_num(cols.floats("inf_count"), nan=0.0)
-    return (nan > 0) | (inf > 0) | ~np.isfinite(cols.floats("l2_norm"))
+    non_empty = np.nan_to_num(cols.floats("numel"), nan=1.0) > 0
+    return (nan > 0) | (inf > 0) | (~np.isfinite(cols.floats("l2_norm")) & non_empty)
 
 
 def _since(first: int, step: int) -> str:
