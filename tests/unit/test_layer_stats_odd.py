@@ -241,3 +241,25 @@ def test_modules_outside_the_model_are_named_and_bounded(tmp_path, monkeypatch):
     fresh = act[act.layer.str.startswith("Linear@")]
     assert fresh.layer.nunique() == 3 and fresh.step.max() == 2  # then no more new layers
     assert (act.groupby("step").layer.apply(lambda s: "Linear" in set(s))).all()  # the model itself
+
+
+def test_two_optimizers_after_one_backward_both_get_parameter_rows(tmp_path):
+    torch.manual_seed(0)
+    enc, dec = nn.Linear(6, 5), nn.Linear(5, 2)
+    model = nn.Sequential(enc, dec)
+    opt_e = torch.optim.SGD(enc.parameters(), lr=0.1)
+    opt_d = torch.optim.Adam(dec.parameters(), lr=0.01)
+    with Observation(dataset_name=unique("two"), local_dir=tmp_path, sample_interval=2) as obs:
+        for _ in range(4):
+            loss = model(torch.randn(3, 6)).pow(2).mean()
+            opt_e.zero_grad()
+            opt_d.zero_grad()
+            loss.backward()
+            opt_e.step()   # closes the step
+            opt_d.step()   # a further optimizer of the same step
+    df = load_layers(obs.dataset_dir)
+    for kind in ("weight", "weight_grad", "update"):
+        rows = df[df.kind == kind]
+        assert sorted(rows.step.unique()) == [0, 2], kind
+        assert set(rows.layer) == {"0.weight", "0.bias", "1.weight", "1.bias"}, kind
+        assert rows.groupby("step").size().tolist() == [4, 4], kind

@@ -37,6 +37,12 @@ checkpointing during backward is not counted again. A tensor returned unchanged 
 modules (a block returning its last norm's output) is reduced once and reported for each;
 one changed in place in between (``ReLU(inplace=True)``) is reduced again.
 
+Hooks are present from the moment a sampled step opens (right after the previous
+optimizer step) until it closes (its optimizer step). In loops without a ``torch.optim``
+optimizer a step closes only at the next ``backward()``, after the next forward: there a
+sampled step's activation rows come from that next forward (gradients and norms are the
+step's own).
+
 Not recorded: modules called with gradients disabled (evaluation), integer, sparse and
 nested outputs, and modules inside ``torch.compile``'d code (the compiled graph does not
 run Python hooks; a compiled model is detected before it is traced and only its weights
@@ -187,6 +193,9 @@ class LayerStats(Component):
         self._logged: set[str] = set()
         self._warned_nothing = False
         self._unnamed = 0
+        self._closed: tuple[int, int] | None = None  # (step, epoch) of the last sampled step closed
+        self._late = ls.StatsMatrix(capacity=16)
+        self._late_open = False
 
     # -- run events ---------------------------------------------------------------------
     def on_step_start(self, run: Run, step: int, sampled: bool) -> None:
@@ -212,14 +221,15 @@ class LayerStats(Component):
             self._scale = (scaled.detach(), unscaled.detach())
 
     def on_optimizer_pre(self, run: Run, optimizer: torch.optim.Optimizer, sampled: bool) -> None:
-        if not sampled or self._token is None:
+        m = self._norm_matrix(sampled)
+        if m is None:
             return
         try:
             params, layers = self._selected_params(optimizer)
             if self.want_weight_grad:
                 idx = [j for j, p in enumerate(params) if p.grad is not None and not p.grad.is_sparse]
                 owners = [params[j] for j in idx]
-                self._add_norms(ls.WEIGHT_GRAD, owners, [layers[j] for j in idx], "_gsq",
+                self._add_norms(m, ls.WEIGHT_GRAD, owners, [layers[j] for j in idx], "_gsq",
                                 lambda: [p.grad for p in owners])
             if self.want_update and params and not run.config.wants("update_ratio"):
                 with torch.no_grad():  # the run takes this snapshot itself when it wants update_ratio
@@ -228,7 +238,8 @@ class LayerStats(Component):
             self._failed("optimizer_pre", exc)
 
     def on_optimizer_post(self, run: Run, optimizer: torch.optim.Optimizer, sampled: bool) -> None:
-        if not sampled or self._token is None:
+        m = self._norm_matrix(sampled)
+        if m is None:
             return
         try:
             params, layers = self._selected_params(optimizer)
@@ -241,11 +252,29 @@ class LayerStats(Component):
                     with torch.no_grad():
                         return torch._foreach_sub([p.detach() for p in params], before)
 
-                self._add_norms(ls.UPDATE, params, layers, "_usq", deltas)
+                self._add_norms(m, ls.UPDATE, params, layers, "_usq", deltas)
             if self.want_weight:
-                self._add_norms(ls.WEIGHT, params, layers, "_psq", lambda: [p.detach() for p in params])
+                self._add_norms(m, ls.WEIGHT, params, layers, "_psq", lambda: [p.detach() for p in params])
         except Exception as exc:  # noqa: BLE001
             self._failed("optimizer_post", exc)
+        if m is self._late and self._closed is not None:  # a further optimizer of the closed step
+            self._late_open = False
+            self._emit(run, self._late, *self._closed)
+
+    def _norm_matrix(self, sampled: bool) -> ls.StatsMatrix | None:
+        """Where parameter norms go: the open sampled step's matrix, or, for the further
+        optimizers of a sampled step that already closed (its first ``optimizer.step()``
+        closes it), a small matrix emitted at once with that step's number."""
+        if not sampled:
+            return None
+        if self._token is not None:
+            return self.matrix
+        if self._closed is None:
+            return None
+        if not self._late_open:
+            self._late.reset()
+            self._late_open = True
+        return self._late
 
     def on_step_end(self, run: Run, step: int, sampled: bool) -> None:
         if self._token is None:
@@ -262,12 +291,16 @@ class LayerStats(Component):
             _logger.warning("observers: no module forward was seen on sampled step %d (torch.compile'd "
                             "code does not run module hooks); per-layer activation and gradient "
                             "statistics are missing there, weight norms and scalars continue", step)
-        if self.matrix.n == 0:
+        self._closed = (step, int(run.buffer.row()[sb.EPOCH]))
+        self._emit(run, self.matrix, *self._closed)
+
+    def _emit(self, run: Run, matrix: ls.StatsMatrix, step: int, epoch: int) -> None:
+        """Start the copy of ``matrix`` and queue its rows (built on the exporter thread)."""
+        if matrix.n == 0:
             return
-        snap = self.matrix.snapshot()
+        snap = matrix.snapshot()
         layers = self._layer_arrays()
         run_id, rank = run.run_id, run.rank
-        epoch = int(run.buffer.row()[sb.EPOCH])
         time_ns = time.perf_counter_ns() + run.clock_offset_ns
         run.emit("layers", lambda: snap.table(layers, run_id=run_id, rank=rank, step=step,
                                               epoch=epoch, time_ns=time_ns))
@@ -488,8 +521,8 @@ class LayerStats(Component):
         self._params[p] = layer
         return layer
 
-    def _add_norms(self, kind: int, params: list[torch.Tensor], layers: list[int], run_key: str,
-                   tensors: Callable[[], list[torch.Tensor]]) -> None:
+    def _add_norms(self, m: ls.StatsMatrix, kind: int, params: list[torch.Tensor], layers: list[int],
+                   run_key: str, tensors: Callable[[], list[torch.Tensor]]) -> None:
         """One ``kind`` row per parameter: the run's own per-tensor norms of this optimizer
         step when it computed them (``grad_norm``, ``param_norm``, ``update_ratio``), else
         ``torch._foreach_norm`` of ``tensors()``."""
@@ -498,7 +531,7 @@ class LayerStats(Component):
         numels = [p.numel() for p in params]
         reused = self._run_norms(run_key, params)
         if reused is not None:
-            self.matrix.add_norms(kind, layers, reused, numels)
+            m.add_norms(kind, layers, reused, numels)
             return
         ts = tensors()
         if not ts:
@@ -510,7 +543,7 @@ class LayerStats(Component):
             by_device.setdefault(n.device, []).append(j)
         for idx in by_device.values():
             stacked = torch.stack([norms[j].to(torch.float32) for j in idx])
-            self.matrix.add_norms(kind, [layers[j] for j in idx], stacked, [numels[j] for j in idx])
+            m.add_norms(kind, [layers[j] for j in idx], stacked, [numels[j] for j in idx])
 
     def _run_norms(self, key: str, params: list[torch.Tensor]) -> torch.Tensor | None:
         """The run's norms of ``params`` from this very optimizer hook, in their order."""
