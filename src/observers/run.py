@@ -33,7 +33,6 @@ import platform
 import socket
 import sys
 import time
-import uuid
 import warnings
 import weakref
 from pathlib import Path
