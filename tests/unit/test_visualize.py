@@ -145,7 +145,11 @@ def test_plot_system_when_sampled(ds):
     # a system metric on the step axis, next to the loss
     fig = visualize.plot_metrics(ds["v1"], ["loss"], ["cpu_util"])
     assert fig.axes[1].get_ylabel() == "cpu_util (%)"
-    assert fig.axes[1].get_lines()
+    # every sample is drawn, those before the first / after the last step at the run's ends
+    xs = np.concatenate([ln.get_xdata() for ln in fig.axes[1].get_lines()])
+    assert len(xs) == len(raw)
+    last = ds.metrics("v1").index.max()
+    assert xs.min() >= 0 and xs.max() <= last
 
 
 def _record_with_layer_stats(root):

@@ -60,9 +60,11 @@ def _system_series(ds: RunSet, rid: str, metric: str, x: str) -> list[tuple[str,
         part = part.sort_values("time")
         t = part["time"].astype("int64").to_numpy()
         if x == "step":
-            if len(t_steps) < 2:
+            if len(t_steps) == 0:
                 continue
-            index = np.interp(t, t_steps, steps.index.to_numpy(dtype=float), left=np.nan, right=np.nan)
+            # samples taken before the first / after the last step (a short run may have
+            # no others) sit at the first / last step rather than vanishing from the plot
+            index = np.interp(t, t_steps, steps.index.to_numpy(dtype=float))
         else:
             index = (t - _run_start_ns(ds, rid)) / 1e9
         s = pd.Series(part["value"].to_numpy(dtype=float), index=index).dropna()
