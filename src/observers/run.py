@@ -507,8 +507,13 @@ class Run:
     # -- exporter-thread work -------------------------------------------------------------
     def _consume(self, batch: sb.StepBatch, epoch: int) -> None:
         table = batch.scalars(self.run_id, self.rank, self.clock_offset_ns, self.config.wants)
+        self.pipeline._safe(self._step_signals, batch, table)  # first: alerts on these rows find their step spans
         for sink in self.pipeline.sinks:
             self.pipeline._safe(sink.write, "scalars", table, epoch)
+        self._flush_spans(epoch)
+
+    def _step_signals(self, batch: sb.StepBatch, table: pa.Table) -> None:
+        """Metrics and step spans of a drained batch (exporter thread)."""
         if self.otel is not None:
             self.otel.record_steps(batch, table)
             sampled_steps = set(batch.ints[batch.ints[:, sb.SAMPLED] == 1, sb.STEP].tolist())
@@ -521,7 +526,6 @@ class Run:
                     if s in sampled_steps and n in ("loss", "grad_norm", "learning_rate"):
                         by_step.setdefault(int(s), {})[n] = v
             self.otel.step_spans(batch, self.clock_offset_ns, by_step)
-        self._flush_spans(epoch)
 
     def _flush_spans(self, epoch: int) -> None:
         if self.otel is None:

@@ -104,11 +104,14 @@ def test_zero_code_nan_at_a_known_layer_and_step_stops_training_cleanly(tmp_path
     assert len(alerts) <= 4  # a handful, not one per NaN step and layer
     layers = load(dataset, "layers")
     assert layers.step.max() >= 20  # the layer rows of the steps before the stop are there too
-    # the same alerts as OTel log records (event_name) and as span events on the run span
+    # the same alerts as OTel log records (event_name) and as ml.alert spans under the step span
     assert proc.stdout.count('"event_name": "ml.alert"') == len(alerts)
     assert '"ml.layer.name": "blocks.bad"' in proc.stdout
-    spans = load(dataset, "spans")
-    events = json.loads(spans[spans.name == "ml.train.run"].events.iloc[0])
+    spans = load(dataset, "spans").set_index("span_id")
+    alert_spans = spans[spans.name == "ml.alert"]
+    steps = {json.loads(spans.loc[parent, "attributes"])["ml.step"] for parent in alert_spans.parent_span_id}
+    assert steps == {20} and (spans.loc[alert_spans.parent_span_id, "name"] == "ml.train.step").all()
+    events = [e for raw in alert_spans.events for e in json.loads(raw)]
     assert {(e["attributes"]["ml.alert.rule"], e["attributes"]["ml.step"]) for e in events
             if e["name"] == "ml.alert"} >= {("nonfinite_activation", 20), ("nonfinite_loss", 20)}
     assert "AlertWarning: observers alert [error] nonfinite_activation: non-finite activation first " \

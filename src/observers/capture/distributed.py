@@ -22,7 +22,7 @@ store traffic never waits behind ours:
   median by more than :envvar:`OBSERVERS_STRAGGLER_THRESHOLD` times the median step time
   in two consecutive windows gets one ``straggler`` row in rank 0's ``alerts`` table (its
   ``rank`` is the straggler's) and the outputs of every alert: a Python ``AlertWarning``, an
-  OTel log record and span event ``ml.alert``, and ``alert_callback``.
+  OTel span ``ml.alert`` under the run span and a log record, and ``alert_callback``.
 
 Gradient and parameter norms of sharded parameters (FSDP2 / tensor parallel ``DTensor``,
 FSDP1 ``FlatParameter``) are made global here too (:func:`sharded_sum_sq`): on *sampled*
@@ -593,12 +593,12 @@ class DistributedMonitor(Component):
 
 def _publish_alert(run: "Run", row: dict[str, Any]) -> None:
     """The other outputs every observers alert has (exporter thread): a Python warning, an
-    OTel log record and span event ``ml.alert``, and the ``alert_callback``."""
+    OTel span ``ml.alert`` (under the run span) and log record, and the ``alert_callback``."""
     import warnings
 
     from opentelemetry._logs import SeverityNumber, get_logger
 
-    from observers.process.alert_monitor import EVENT_NAME, alert_attributes
+    from observers.process.alert_monitor import EVENT_NAME, alert_attributes, alert_span, log_context
     from observers.process.alerts import Alert, AlertWarning
     from observers.version import __version__
 
@@ -606,15 +606,20 @@ def _publish_alert(run: "Run", row: dict[str, Any]) -> None:
                   threshold=row["threshold"], layer=None, severity=row["severity"], action="warn",
                   message=row["message"], time_ns=row["time"])
     attrs = {**alert_attributes(alert, run.run_id), "ml.rank": row["rank"]}
+    spans: list[Any] = []  # the alert's span context, for the log record's trace context
+
+    def span() -> None:
+        spans.append(alert_span(run.otel, alert, attrs, under_step=False))
+
     outputs: list[tuple[str, Callable[[], Any]]] = [
         ("warning", lambda: warnings.warn_explicit(f"observers alert [warning] straggler: {alert.message}",
                                                    AlertWarning, "observers", 0, "observers.alerts")),
+        ("span", span),
         ("log record", lambda: get_logger("observers.alerts", __version__).emit(
-            timestamp=alert.time_ns, severity_number=SeverityNumber.WARN, severity_text="WARNING",
-            body=alert.message, attributes=attrs, event_name=EVENT_NAME)),
+            timestamp=alert.time_ns, context=log_context(spans[0] if spans else None),
+            severity_number=SeverityNumber.WARN, severity_text="WARNING", body=alert.message,
+            attributes=attrs, event_name=EVENT_NAME)),
     ]
-    if run.otel is not None:
-        outputs.append(("span event", lambda: run.otel.event(EVENT_NAME, attrs)))
     callback = getattr(run.config, "alert_callback", None)
     if callback is not None:
         outputs.append(("alert_callback", lambda: callback(alert)))

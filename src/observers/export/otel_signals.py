@@ -9,6 +9,11 @@ after the fact with the recorded timestamps (``ml.train.run`` > ``ml.train.epoch
 When no OTel SDK is configured, a private ``TracerProvider`` still produces the spans for
 the dataset's ``spans`` table.
 
+Step spans exist for sampled steps. The contexts of the recent ones, and the records of the
+recent unsampled steps, are kept (:data:`RECENT_STEPS`) so that an alert found later, off
+the training thread, can still hang under the span of its step (:meth:`OtelSignals.step_span`
+builds it then for an unsampled step).
+
 Units are chosen for readable Prometheus names (dots become underscores, a unit suffix is
 appended): loss, learning rate and norms have no unit (``ml_train_loss``, not the
 ``_ratio`` that unit ``1`` would add), ``ml.train.update_ratio`` is a true ratio (unit ``1``,
@@ -27,6 +32,7 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from typing import Any, Iterable, Mapping
 
 import numpy as np
@@ -35,7 +41,7 @@ from opentelemetry import metrics, trace
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
-from opentelemetry.trace import Span, Status, StatusCode
+from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, Status, StatusCode
 
 from opentelemetry.exporter.hf_dataset import spans_to_table
 
@@ -44,6 +50,9 @@ from observers.version import __version__
 
 _SCOPE = "observers"
 _logger = logging.getLogger(__name__)
+
+RECENT_STEPS = 4096
+"""Steps back from the last drained one whose step span an alert can still be put under."""
 
 GAUGES: dict[str, tuple[str, str, str]] = {
     # scalar name: (OTel name, unit, description); read at export time
@@ -124,6 +133,10 @@ class OtelSignals:
         self._run_span: Span | None = None
         self._epoch_span: Span | None = None
         self._epoch_no = -1
+        self._epoch_ctx: dict[int, SpanContext] = {}
+        self._step_ctx: dict[int, tuple[SpanContext, int, int]] = {}  # step -> (context, start, end)
+        self._recent: deque[tuple[np.ndarray, int]] = deque()  # (drained step records, clock offset)
+        self._recent_rows = 0
         self.latest: dict[str, float] = {}
         self.nonfinite = 0
         self.finished_at: float | None = None
@@ -189,6 +202,9 @@ class OtelSignals:
             self._epoch_span = self.tracer.start_span("ml.train.epoch", context=ctx, start_time=start_ns,
                                                       attributes={"ml.epoch": epoch})
             self._epoch_no = epoch
+            self._epoch_ctx[epoch] = self._epoch_span.get_span_context()
+            while len(self._epoch_ctx) > 8:
+                del self._epoch_ctx[next(iter(self._epoch_ctx))]
         return trace.set_span_in_context(self._epoch_span)
 
     def end_epoch(self, end_ns: int | None = None) -> None:
@@ -200,28 +216,67 @@ class OtelSignals:
         ints = batch.ints
         for row in np.flatnonzero(ints[:, sb.SAMPLED]):
             r = ints[row]
-            start, end = int(r[sb.T_START]) + offset_ns, int(r[sb.T_END]) + offset_ns
-            ctx = self._epoch_parent(int(r[sb.EPOCH]), start)
             attrs: dict[str, Any] = {"ml.step": int(r[sb.STEP]), "ml.epoch": int(r[sb.EPOCH])}
             for k, v in scalars_by_step.get(int(r[sb.STEP]), {}).items():
                 if np.isfinite(v):
                     attrs[f"ml.{k}"] = float(v)
-            span = self.tracer.start_span("ml.train.step", context=ctx, start_time=start, attributes=attrs)
-            sctx = trace.set_span_in_context(span)
-            data0, data1 = int(r[sb.T_DATA0]), int(r[sb.T_DATA1])
-            bwd0, bwd1 = int(r[sb.T_BWD0]), int(r[sb.T_BWD1])
-            opt0, opt1 = int(r[sb.T_OPT0]), int(r[sb.T_OPT1])
-            fwd0 = data1 if data1 else int(r[sb.T_START])
-            for name, a, b in (("ml.train.data", data0, data1), ("ml.train.forward", fwd0, bwd0),
-                               ("ml.train.backward", bwd0, bwd1), ("ml.train.optimizer", opt0, opt1)):
-                if a and b and b >= a:
-                    self.tracer.start_span(name, context=sctx, start_time=a + offset_ns).end(end_time=b + offset_ns)
-            span.end(end_time=end)
+            self._step_span(r, offset_ns, attrs, None)
+        self._recent.append((ints, offset_ns))
+        self._recent_rows += len(ints)
+        while self._recent_rows - len(self._recent[0][0]) >= RECENT_STEPS:
+            self._recent_rows -= len(self._recent.popleft()[0])
 
-    def event(self, name: str, attributes: Mapping[str, Any]) -> None:
-        """A span event on the run span (alerts use it)."""
-        if self._run_span is not None:
-            self._run_span.add_event(name, attributes=dict(attributes))
+    def _step_span(self, r: np.ndarray, offset_ns: int, attrs: Mapping[str, Any], ctx: Any) -> tuple[SpanContext, int, int]:
+        start, end = int(r[sb.T_START]) + offset_ns, int(r[sb.T_END]) + offset_ns
+        if ctx is None:
+            ctx = self._epoch_parent(int(r[sb.EPOCH]), start)
+        span = self.tracer.start_span("ml.train.step", context=ctx, start_time=start, attributes=attrs)
+        sctx = trace.set_span_in_context(span)
+        data0, data1 = int(r[sb.T_DATA0]), int(r[sb.T_DATA1])
+        bwd0, bwd1 = int(r[sb.T_BWD0]), int(r[sb.T_BWD1])
+        opt0, opt1 = int(r[sb.T_OPT0]), int(r[sb.T_OPT1])
+        fwd0 = data1 if data1 else int(r[sb.T_START])
+        for name, a, b in (("ml.train.data", data0, data1), ("ml.train.forward", fwd0, bwd0),
+                           ("ml.train.backward", bwd0, bwd1), ("ml.train.optimizer", opt0, opt1)):
+            if a and b and b >= a:
+                self.tracer.start_span(name, context=sctx, start_time=a + offset_ns).end(end_time=b + offset_ns)
+        span.end(end_time=end)
+        entry = self._step_ctx[int(r[sb.STEP])] = (span.get_span_context(), start, end)
+        while len(self._step_ctx) > RECENT_STEPS:
+            del self._step_ctx[next(iter(self._step_ctx))]
+        return entry
+
+    def step_span(self, step: int) -> tuple[SpanContext, int, int] | None:
+        """``(span context, start_ns, end_ns)`` of the step span of a recent ``step``.
+
+        An unsampled step has no step span: it is built now, from the step's record (its
+        phases included), under the span of its epoch. ``None`` for a step that is not
+        drained yet or older than :data:`RECENT_STEPS`. Exporter thread.
+        """
+        hit = self._step_ctx.get(step)
+        if hit is not None:
+            return hit
+        for ints, offset_ns in reversed(self._recent):
+            if not len(ints) or not ints[0, sb.STEP] <= step <= ints[-1, sb.STEP]:
+                continue
+            rows = np.flatnonzero(ints[:, sb.STEP] == step)
+            if not len(rows) or ints[rows[-1], sb.SAMPLED]:  # a sampled step's span: evicted, too old
+                return None
+            r = ints[rows[-1]]
+            epoch = self._epoch_ctx.get(int(r[sb.EPOCH]))
+            parent = trace.set_span_in_context(NonRecordingSpan(epoch)) if epoch is not None else self.run_context()
+            return self._step_span(r, offset_ns, {"ml.step": step, "ml.epoch": int(r[sb.EPOCH]),
+                                                  "ml.step.sampled": False}, parent)
+        return None
+
+    @property
+    def last_drained_step(self) -> int:
+        """The last step whose record reached :meth:`step_spans` (-1 before the first)."""
+        return int(self._recent[-1][0][-1, sb.STEP]) if self._recent and len(self._recent[-1][0]) else -1
+
+    def run_context(self) -> Any:
+        """An OTel context whose current span is the run span (``None`` when it has ended)."""
+        return trace.set_span_in_context(self._run_span) if self._run_span is not None else None
 
     def end_run(self, end_ns: int, error: str | None) -> None:
         self.end_epoch(end_ns)

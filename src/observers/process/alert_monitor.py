@@ -6,8 +6,10 @@ built-in detectors over it, and for each alert the :class:`~observers.process.al
 lets through:
 
 * a Python warning (category :class:`~observers.process.alerts.AlertWarning`),
-* an OpenTelemetry log record with ``event_name="ml.alert"`` (``opentelemetry._logs``),
-* a span event ``ml.alert`` on the run span,
+* a span ``ml.alert`` under the span of the offending step (``ml.train.step``), carrying
+  the alert's attributes and an ``ml.alert`` span event (:func:`alert_span`),
+* an OpenTelemetry log record with ``event_name="ml.alert"`` (``opentelemetry._logs``), in
+  the trace context of that span,
 * a row in the dataset's ``alerts`` table,
 * a call of ``alert_callback(alert)`` when configured (on the exporter thread),
 * for ``action="raise"`` / ``"stop"``: :meth:`Run.request_stop`, so that
@@ -20,10 +22,12 @@ from __future__ import annotations
 import logging
 import time
 import warnings
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import pyarrow as pa
+from opentelemetry import trace
 from opentelemetry._logs import SeverityNumber, get_logger
+from opentelemetry.trace import NonRecordingSpan, SpanContext, Status, StatusCode
 
 from observers.export import tables
 from observers.export.pipeline import RateLimitedLogger
@@ -32,6 +36,9 @@ from observers.process.alerts import (Alert, AlertError, AlertGate, AlertSetting
 from observers.process.detectors import build_detectors
 from observers.run import COMPONENT_FACTORIES, Component, Run
 from observers.version import __version__
+
+if TYPE_CHECKING:
+    from observers.export.otel_signals import OtelSignals
 
 _logger = logging.getLogger(__name__)
 
@@ -53,6 +60,41 @@ def alert_attributes(alert: Alert, run_id: str) -> dict[str, Any]:
     if alert.layer:
         attrs["ml.layer.name"] = alert.layer
     return attrs
+
+
+def alert_span(otel: "OtelSignals | None", alert: Alert, attrs: dict[str, Any],
+               under_step: bool = True) -> SpanContext | None:
+    """A span ``ml.alert`` under the step span of ``alert.step``, with an ``ml.alert`` event.
+
+    Step spans are built after the fact and have ended when an alert is found, so the
+    alert is a child span of its step's span rather than an event on it: an instant at
+    the alert's time within the step, with the alert's attributes (searchable in Jaeger
+    and Tempo), one span event holding them too, and an error status for ``error`` and
+    ``critical`` alerts. It ships as soon as it ends. An unsampled step gets its step
+    span now (:meth:`OtelSignals.step_span`); without one (a step older than
+    ``RECENT_STEPS``), or with ``under_step=False`` (alerts about a window, such as
+    stragglers), the run span is the parent. Exporter thread.
+    """
+    if otel is None:
+        return None
+    step = otel.step_span(alert.step) if under_step else None
+    if step is not None:
+        parent_ctx, start, end = step
+        parent = trace.set_span_in_context(NonRecordingSpan(parent_ctx))
+        at = min(max(alert.time_ns or end, start), end)
+    else:
+        parent, at = otel.run_context(), alert.time_ns or time.time_ns()
+    span = otel.tracer.start_span(EVENT_NAME, context=parent, start_time=at, attributes=attrs)
+    span.add_event(EVENT_NAME, attributes=attrs, timestamp=at)
+    if alert.severity in ("error", "critical"):
+        span.set_status(Status(StatusCode.ERROR, alert.message))
+    span.end(end_time=at)
+    return span.get_span_context()
+
+
+def log_context(span: SpanContext | None) -> Any:
+    """The OTel context that puts a log record into ``span``'s trace (``None``: none)."""
+    return trace.set_span_in_context(NonRecordingSpan(span)) if span is not None else None
 
 
 def alerts_table(alerts: list[Alert], run_id: str, rank: int) -> pa.Table:
@@ -84,9 +126,12 @@ class AlertMonitor:
         self._otel = get_logger("observers.alerts", __version__)
         self._errors = RateLimitedLogger(_logger)
         self._told_suppressed: set[str] = set()
+        self._deferred: list[Alert] = []  # published alerts waiting for their step span
 
     # -- Sink ----------------------------------------------------------------------------
     def write(self, table: str, data: pa.Table, epoch: int) -> None:
+        if table == "scalars" and self._deferred:  # the run built the step spans of these rows
+            self._trace_deferred()
         handler = _HANDLERS.get(table)
         if handler is None or not data.num_rows:
             return
@@ -101,6 +146,7 @@ class AlertMonitor:
         pass
 
     def close(self) -> None:
+        self._trace_deferred(final=True)
         if self.gate.suppressed:
             counts = ", ".join(f"{rule}: {n}" for rule, n in sorted(self.gate.suppressed.items()))
             _logger.warning("observers: %d further alert(s) were suppressed by the rate limits (%s)",
@@ -140,14 +186,33 @@ class AlertMonitor:
         text = f"observers alert [{alert.severity}] {alert.rule}: {alert.message}"
         self._guard("warning", warnings.warn_explicit, text, AlertWarning, "observers", 0, "observers.alerts")
         _logger.info(text)
-        attrs = alert_attributes(alert, self.run.run_id)
-        self._guard("log record", self._otel.emit, timestamp=alert.time_ns or time.time_ns(),
-                    severity_number=_SEVERITY[alert.severity], severity_text=alert.severity.upper(),
-                    body=alert.message, attributes=attrs, event_name=EVENT_NAME)
-        if self.run.otel is not None:
-            self._guard("span event", self.run.otel.event, EVENT_NAME, attrs)
+        otel = self.run.otel
+        if otel is not None and alert.step > otel.last_drained_step:
+            self._deferred.append(alert)  # its step span does not exist yet: at the step's drain
+        else:
+            self._trace(alert)
         if self.callback is not None:
             self._guard("alert_callback", self.callback, alert)
+
+    def _trace(self, alert: Alert) -> None:
+        """The alert's span and its log record (in the span's trace context)."""
+        attrs = alert_attributes(alert, self.run.run_id)
+        span = self._guard("span", alert_span, self.run.otel, alert, attrs)
+        self._guard("log record", self._otel.emit, timestamp=alert.time_ns or time.time_ns(), context=log_context(span),
+                    severity_number=_SEVERITY[alert.severity], severity_text=alert.severity.upper(),
+                    body=alert.message, attributes=attrs, event_name=EVENT_NAME)
+
+    def _trace_deferred(self, final: bool = False) -> None:
+        """Spans and log records of alerts whose step has been drained since (or all, at the end)."""
+        otel = self.run.otel
+        last = otel.last_drained_step if otel is not None else None
+        ready: list[Alert] = []
+        waiting: list[Alert] = []
+        for alert in self._deferred:
+            (ready if final or last is None or alert.step <= last else waiting).append(alert)
+        self._deferred = waiting
+        for alert in ready:
+            self._trace(alert)
 
     def _act(self, alert: Alert) -> None:
         stop = alert.action == "stop"
@@ -156,11 +221,12 @@ class AlertMonitor:
         exc = cls(f"alert {alert.rule!r} {verb} at step {alert.step}: {alert.message}", alert)
         self.run.request_stop(exc, "stopped" if stop else "failed")
 
-    def _guard(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+    def _guard(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         try:
-            fn(*args, **kwargs)
+            return fn(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - an alert output never breaks the others
             self._errors.warning(what, "observers: alert %s failed: %r", what, exc)
+            return None
 
 
 class AlertComponent(Component):
@@ -176,6 +242,11 @@ class AlertComponent(Component):
     def on_start(self, run: Run) -> None:
         self.monitor = AlertMonitor(run, self.settings, self.callback)
         run.pipeline.sinks.append(self.monitor)
+
+    def on_finish(self, run: Run) -> None:
+        monitor = self.monitor
+        if monitor is not None:  # after the last steps' rows, before the run span ends
+            run.pipeline.put("call", lambda: monitor._trace_deferred(final=True))
 
 
 def _factory(run: Run) -> AlertComponent | None:
