@@ -23,6 +23,10 @@ store traffic never waits behind ours:
   in two consecutive windows gets one ``straggler`` row in rank 0's ``alerts`` table (its
   ``rank`` is the straggler's) and the outputs of every alert: a Python ``AlertWarning``, an
   OTel span ``ml.alert`` under the run span and a log record, and ``alert_callback``.
+* **Stops** — an alert's ``stop``/``raise`` action is agreed on by all ranks through the
+  same store, so that every rank leaves after the same step
+  (:mod:`observers.process.coordinated_stop`, which gets its client from
+  :func:`shared_store`).
 
 Gradient and parameter norms of sharded parameters (FSDP2 / tensor parallel ``DTensor``,
 FSDP1 ``FlatParameter``) are made global here too (:func:`sharded_sum_sq`): on *sampled*
@@ -32,7 +36,7 @@ steps only, one all-reduce of a single scalar per sharding group, as
 Without an initialised process group (``Observation(distributed=True)`` entered before
 ``init_process_group``), rank and world size come from ``RANK`` / ``LOCAL_RANK`` /
 ``WORLD_SIZE``, and the run id is derived from ``TORCHELASTIC_RUN_ID`` (set by
-``torchrun``); there is then no clock offset and no live straggler check.
+``torchrun``); there is then no clock offset, no live straggler check and no agreed stop.
 """
 
 from __future__ import annotations
@@ -228,6 +232,15 @@ def prepare(run: "Run") -> None:
         run.name = new
     if store is not None:
         _SHARED[run] = _Shared(store, namespace)
+
+
+def shared_store(run: "Run", timeout_s: float) -> tuple[Any, str] | None:
+    """A new client of the store this run's ranks share, and the run's key namespace there;
+    ``None`` when the ranks share none. Alert actions agree on a stop through it."""
+    shared = _SHARED.get(run)
+    if shared is None or not run.distributed or run.world_size <= 1:
+        return None
+    return _clone(shared.store, timeout_s), shared.namespace
 
 
 # -- sharded gradient / parameter norms ----------------------------------------------------------

@@ -14,7 +14,9 @@ lets through:
 * a call of ``alert_callback(alert)`` when configured (on the exporter thread),
 * for ``action="raise"`` / ``"stop"``: :meth:`Run.request_stop`, so that
   :class:`~observers.AlertError` / :class:`~observers.TrainingStopped` leaves the
-  training loop at the next step boundary.
+  training loop at the next step boundary; in a distributed run, the stop is agreed
+  with the other ranks first (:mod:`observers.process.coordinated_stop`), so that all
+  of them leave after the same step.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from observers.export import tables
 from observers.export.pipeline import RateLimitedLogger
 from observers.process.alerts import (Alert, AlertError, AlertGate, AlertSettings, AlertWarning, Columns,
                                       Context, RuleSet, TrainingStopped, parse_alert_rules)
+from observers.process.coordinated_stop import StopCoordinator, coordinator_for
 from observers.process.detectors import build_detectors
 from observers.run import COMPONENT_FACTORIES, Component, Run
 from observers.version import __version__
@@ -127,6 +130,7 @@ class AlertMonitor:
         self._errors = RateLimitedLogger(_logger)
         self._told_suppressed: set[str] = set()
         self._deferred: list[Alert] = []  # published alerts waiting for their step span
+        self.coordinator: StopCoordinator | None = None  # distributed runs: stops agreed by all ranks
 
     # -- Sink ----------------------------------------------------------------------------
     def write(self, table: str, data: pa.Table, epoch: int) -> None:
@@ -215,6 +219,9 @@ class AlertMonitor:
             self._trace(alert)
 
     def _act(self, alert: Alert) -> None:
+        if self.coordinator is not None:
+            self.coordinator.propose(alert)
+            return
         stop = alert.action == "stop"
         cls = TrainingStopped if stop else AlertError
         verb = "stopped training" if stop else "raised"
@@ -242,11 +249,19 @@ class AlertComponent(Component):
     def on_start(self, run: Run) -> None:
         self.monitor = AlertMonitor(run, self.settings, self.callback)
         run.pipeline.sinks.append(self.monitor)
+        self.monitor.coordinator = coordinator_for(run, self.settings)
+
+    def on_step_start(self, run: Run, step: int, sampled: bool) -> None:
+        coordinator = self.monitor.coordinator if self.monitor is not None else None
+        if coordinator is not None and coordinator.pending is not None:
+            coordinator.at_boundary(step)
 
     def on_finish(self, run: Run) -> None:
         monitor = self.monitor
         if monitor is not None:  # after the last steps' rows, before the run span ends
             run.pipeline.put("call", lambda: monitor._trace_deferred(final=True))
+            if monitor.coordinator is not None:
+                monitor.coordinator.finish()
 
 
 def _factory(run: Run) -> AlertComponent | None:

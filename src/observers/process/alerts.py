@@ -83,12 +83,15 @@ def system_short_names() -> dict[str, str]:
 class AlertError(RuntimeError):
     """Raised into the training loop, at a step boundary, by a rule with ``action="raise"``.
 
-    The run is recorded as ``failed``. ``alert`` is the :class:`Alert` that caused it.
+    The run is recorded as ``failed``. ``alert`` is the :class:`Alert` that caused it. In a
+    distributed run every rank raises it after the same step, and ``rank`` is the rank
+    whose alert it was (``None`` in a single-process run).
     """
 
-    def __init__(self, message: str, alert: "Alert | None" = None) -> None:
+    def __init__(self, message: str, alert: "Alert | None" = None, rank: int | None = None) -> None:
         super().__init__(message)
         self.alert = alert
+        self.rank = rank
 
 
 class TrainingStopped(AlertError):
