@@ -4,16 +4,33 @@ Layout of one dataset (``root``)::
 
     README.md                                   dataset card with one ``configs:`` entry per table
     data/<table>/<run_id>[/rank-NNNNN]/epoch-00000.parquet
-    .observers/wal/<run_id>[-rank-NNNNN]/<table>.e00000.<pid>.<seq>.arrows
+    .observers/wal/<run_id>[-rank-NNNNN]/<table>.e00000.<pid>.<seq>.<token>.arrows
     .observers/manifests/<run_id>[-rank-NNNNN].json
 
 Write path: every batch is appended to an Arrow IPC *stream* segment (the WAL; one per table,
-epoch and writer process). A batch reaches the OS when written, so it survives a kill of the
-process; with ``fsync="always"`` it is also fsynced. :meth:`DatasetWriter.seal` turns each
-segment into a Parquet shard (temporary dot-file, fsync, atomic rename, fsync of the folder),
-records it in the manifest and deletes the segment. :func:`recover` seals the segments that
-a dead writer left behind, truncating a torn last batch. Globs of ``datasets`` skip
-dot-prefixed paths, so nothing under ``.observers/`` or a temporary file is ever loaded.
+epoch and writer process), as one encapsulated IPC message in one ``write(2)``. A batch
+reaches the OS when written, so it survives a kill of the process; with ``fsync="always"``
+it is also fsynced. :meth:`DatasetWriter.seal` turns each segment into a Parquet shard
+(temporary dot-file, fsync, atomic rename, fsync of the folder), records it in the manifest
+(saved), then deletes the segment. :func:`recover` seals the segments that a dead writer
+left behind, truncating a torn last batch. Globs of ``datasets`` skip dot-prefixed paths,
+so nothing under ``.observers/`` or a temporary file is ever loaded.
+
+Concurrency (see :mod:`._locks`): several processes may share a dataset folder — ranks,
+a restarted run, ``observers push`` or a second restart recovering the same dead WAL.
+
+* Sealing a segment and rewriting a manifest hold the writer key's inter-process lock
+  (``.observers/manifests/<key>.json.lock``, ``fcntl.lockf``). A recovering process seals
+  a segment only if it still exists under that lock, so each dead segment becomes exactly
+  one shard; a manifest save merges what other processes saved, so no entry is lost.
+* Each open segment is locked by its live writer (created under a temporary name, locked,
+  then renamed). :func:`recover` leaves a segment alone when its pid is alive on this host
+  or its lock is held, i.e. also when the writer runs on another host sharing the folder.
+* The kernel releases these locks when a process dies, so there are no stale locks to
+  clean up after ``kill -9``.
+* Sealing is idempotent across crashes: a segment whose shard the manifest already lists
+  (crash after the manifest save) is only deleted, and an unlisted shard with the same
+  bytes (crash between the rename and the manifest save) is reused rather than copied.
 """
 
 from __future__ import annotations
@@ -35,11 +52,15 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 from opentelemetry.exporter.hf_dataset._card import write_card
+from opentelemetry.exporter.hf_dataset._locks import file_lock, lock_segment, segment_is_locked
 
 _logger = logging.getLogger(__name__)
 
 STATE_DIR = ".observers"
-_SEGMENT_RE = re.compile(r"^(?P<table>[A-Za-z0-9_]+)\.e(?P<epoch>\d+)\.(?P<pid>\d+)\.(?P<seq>\d+)\.arrows$")
+# <table>.e<epoch>.<pid>.<seq>.<token>.arrows; the random token of the writer keeps names unique
+# when a pid comes back (containers restart with the same pids). Older names have no token.
+_SEGMENT_RE = re.compile(r"^(?P<table>[A-Za-z0-9_]+)\.e(?P<epoch>\d+)\.(?P<pid>\d+)\.(?P<seq>\d+)"
+                         r"(?:\.(?P<token>[0-9a-f]+))?\.arrows$")
 # Row groups stay far below the Hub viewer's 100 MB limit for copying Parquet as-is.
 _ROW_GROUP_BYTES = 32 * 1024 * 1024
 _PARQUET_OPTIONS: dict[str, Any] = {"compression": "zstd", "write_page_index": True}
@@ -159,10 +180,11 @@ class _HashingFile:
         return self.fh.tell()
 
 
-def write_parquet_atomic(table: pa.Table, path: Path) -> str:
-    """Write a Parquet file so that ``path`` is either absent or complete; returns its sha256."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.{os.getpid()}.tmp"
+def _write_parquet_tmp(table: pa.Table, folder: Path, name: str) -> tuple[Path, str]:
+    """Write ``table`` to a fsynced dot-prefixed temporary file in ``folder``; returns it and
+    its sha256 (the caller renames it into place, or deletes it)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{name}.{os.getpid()}.{threading.get_ident()}.tmp"
     row_bytes = max(1, table.nbytes // max(1, table.num_rows))
     row_group_size = max(1024, _ROW_GROUP_BYTES // row_bytes)
     try:
@@ -171,12 +193,26 @@ def write_parquet_atomic(table: pa.Table, path: Path) -> str:
             pq.write_table(table, out, row_group_size=row_group_size, **_parquet_options(table.schema))
             fh.flush()
             os.fsync(fh.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp, out.sha.hexdigest()
+
+
+def _publish(tmp: Path, path: Path) -> None:
+    """Atomically rename ``tmp`` to ``path`` and make the rename durable."""
+    try:
         os.replace(tmp, path)
     finally:
-        if tmp.exists():
-            tmp.unlink()
+        tmp.unlink(missing_ok=True)
     _fsync_dir(path.parent)
-    return out.sha.hexdigest()
+
+
+def write_parquet_atomic(table: pa.Table, path: Path) -> str:
+    """Write a Parquet file so that ``path`` is either absent or complete; returns its sha256."""
+    tmp, sha = _write_parquet_tmp(table, path.parent, path.name)
+    _publish(tmp, path)
+    return sha
 
 
 def read_segment(path: Path) -> tuple[pa.Schema | None, list[pa.RecordBatch], bool]:
@@ -209,9 +245,12 @@ def read_segment(path: Path) -> tuple[pa.Schema | None, list[pa.RecordBatch], bo
 def conform(batch: pa.RecordBatch | pa.Table, schema: pa.Schema) -> pa.Table:
     """Cast ``batch`` to ``schema``: missing columns become nulls, extra ones are dropped."""
     table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
+    if table.schema.equals(schema):
+        return table     # the common case: rows built in the table's schema (no per-column work)
     columns = []
+    names = set(table.column_names)
     for fld in schema:
-        if fld.name in table.column_names:
+        if fld.name in names:
             col = table.column(fld.name)
             if col.type != fld.type:
                 col = col.cast(fld.type, safe=False)
@@ -221,13 +260,31 @@ def conform(batch: pa.RecordBatch | pa.Table, schema: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=schema)
 
 
+def _write_all(fd: int, data: Any) -> None:
+    """``os.write`` until all of ``data`` is written (a short write is retried; errors raise)."""
+    view = memoryview(data).cast("B")
+    while view:
+        view = view[os.write(fd, view):]
+
+
 @dataclass
 class _Segment:
+    """One open WAL segment: an Arrow IPC stream written with one ``write(2)`` per batch."""
+
     path: Path
     epoch: int
-    file: Any
-    writer: ipc.RecordBatchStreamWriter
+    fd: int
     rows: int = 0
+
+    def close(self) -> None:
+        """Close the descriptor once (which also drops the segment's lock)."""
+        fd, self.fd = self.fd, -1
+        if fd < 0:
+            return
+        try:
+            os.close(fd)
+        except OSError:
+            pass  # the unwritten tail is lost; what reached the file is read back at seal
 
 
 @dataclass
@@ -236,10 +293,13 @@ class Manifest:
 
     ``shards`` maps a shard's path relative to the dataset root to ``{table, run_id, rank,
     epoch, rows, sha256, sealed_at, uploaded}``; ``uploaded`` is ``None`` (pending
-    everywhere) or ``{repo_id: {"commit": oid, "at": time}}``. ``owner`` names the writer
-    process (pid, host) so other processes leave a live writer's manifest alone. The
-    writer thread and a Hub uploader thread of the same process share one object: every
-    read-modify-write holds :attr:`lock`.
+    everywhere) or ``{repo_id: {"commit": oid, "at": time}}``; a sealed WAL segment's entry
+    also names it (``wal_segment``), so a segment sealed again after a crash is recognised.
+    ``owner`` names the writer process (pid, host) so other processes leave a live writer's
+    manifest alone. The writer thread and a Hub uploader thread of the same process share
+    one object: every read-modify-write holds :attr:`lock`. Between processes,
+    :meth:`save` holds the inter-process lock of :attr:`lock_path` and merges what another
+    process saved in the meantime.
     """
 
     path: Path
@@ -251,6 +311,11 @@ class Manifest:
     def key(self) -> str:
         """The writer key (``<run_id>`` or ``<run_id>-rank-NNNNN``)."""
         return self.path.stem
+
+    @property
+    def lock_path(self) -> Path:
+        """Lock file of this writer key: held to seal its segments or rewrite this file."""
+        return self.path.with_name(self.path.name + ".lock")
 
     @classmethod
     def load(cls, path: Path) -> "Manifest":
@@ -269,10 +334,31 @@ class Manifest:
                     "shards": {k: dict(v) for k, v in self.shards.items()}}
 
     def save(self) -> None:
-        # The lock spans the write so that two threads never replace a newer file with an
-        # older snapshot.
-        with self.lock:
+        """Write the manifest, merged with what other processes saved since it was loaded.
+
+        Shards listed only on disk are added; for a shard with the same sha256 in both,
+        upload marks are united. Both locks span the read, merge and write, so that no
+        thread or process replaces a newer file with an older snapshot (the file lock is
+        taken first, everywhere, so the two locks cannot deadlock).
+        """
+        with file_lock(self.lock_path), self.lock:
+            self.merge_from_disk()
             atomic_write_bytes(self.path, json.dumps(self.payload(), indent=1, sort_keys=True).encode())
+
+    def merge_from_disk(self) -> None:
+        """Add the shards that another process saved to this manifest's file since it was
+        loaded (call it holding the file lock, as :meth:`save` does)."""
+        try:
+            on_disk = json.loads(self.path.read_text()).get("shards", {})
+        except (OSError, ValueError):
+            return       # none yet, or unreadable (replaced by the next save)
+        with self.lock:
+            for rel, info in on_disk.items():
+                mine = self.shards.get(rel)
+                if mine is None:
+                    self.shards[rel] = info
+                elif info.get("uploaded") and mine.get("sha256") == info.get("sha256"):
+                    mine["uploaded"] = {**info["uploaded"], **(mine.get("uploaded") or {})}
 
     def record(self, rel: str, info: dict[str, Any]) -> None:
         """Add or replace the entry of a (re)sealed shard; it is pending again."""
@@ -344,6 +430,7 @@ class DatasetWriter:
         self._segments: dict[str, _Segment] = {}
         self._retired: list[tuple[str, _Segment]] = []  # segments whose write failed
         self._seq = 0
+        self._token = os.urandom(4).hex()
         key = writer_key(run_id, rank)
         self._wal_dir = self.root / STATE_DIR / "wal" / key
         self.manifest = Manifest.load(self.root / STATE_DIR / "manifests" / f"{key}.json")
@@ -379,11 +466,12 @@ class DatasetWriter:
         if seg is None:
             seg = self._open_segment(table, epoch, schema)
         try:
+            # Each batch as one encapsulated IPC message, in one write(2): half the CPU of
+            # a stream writer's many small writes, and a kill tears at most that batch.
             for rb in data.to_batches():
-                seg.writer.write_batch(rb)
-            seg.file.flush()
+                _write_all(seg.fd, rb.serialize())
             if self.fsync == "always":
-                os.fsync(seg.file.fileno())
+                os.fsync(seg.fd)
         except OSError:
             # A failed write (disk full) may leave a torn batch: retire the segment; its
             # whole batches are sealed later and the next write opens a fresh segment.
@@ -393,30 +481,33 @@ class DatasetWriter:
         self.rows_written[table] = self.rows_written.get(table, 0) + data.num_rows
 
     def _open_segment(self, table: str, epoch: int, schema: pa.Schema) -> _Segment:
-        self._wal_dir.mkdir(parents=True, exist_ok=True)
         self._seq += 1
-        path = self._wal_dir / f"{table}.e{epoch:05d}.{os.getpid()}.{self._seq:06d}.arrows"
-        fh = open(path, "wb")
+        path = self._wal_dir / f"{table}.e{epoch:05d}.{os.getpid()}.{self._seq:06d}.{self._token}.arrows"
+        # Created under a temporary name, locked (a live writer's mark, see _locks), then
+        # renamed: no other process ever sees the segment unlocked while this one lives.
+        tmp = path.with_name(f".{path.name}.tmp")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+        self._wal_dir.mkdir(parents=True, exist_ok=True)
         try:
-            writer = ipc.new_stream(fh, schema)
-            fh.flush()
+            fd = os.open(tmp, flags, 0o644)
+        except FileNotFoundError:   # a recovering process removed the empty folder just now
+            self._wal_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(tmp, flags, 0o644)
+        try:
+            lock_segment(fd)
+            _write_all(fd, schema.serialize())  # the stream's schema message
+            os.rename(tmp, path)
         except (OSError, pa.ArrowException):
-            try:
-                fh.close()
-            except OSError:
-                pass
-            path.unlink(missing_ok=True)
+            os.close(fd)
+            tmp.unlink(missing_ok=True)
             raise
-        seg = _Segment(path, epoch, fh, writer)
+        seg = _Segment(path, epoch, fd)
         self._segments[table] = seg
         return seg
 
     def _retire(self, table: str, seg: _Segment) -> None:
         self._segments.pop(table, None)
-        try:
-            seg.file.close()
-        except OSError:
-            pass  # the unwritten tail is lost; what reached the file is read back at seal
+        seg.close()
         self._retired.append((table, seg))
 
     def seal(self) -> list[Path]:
@@ -448,8 +539,7 @@ class DatasetWriter:
                 sealed.append(path)
         if sealed:
             try:
-                self.manifest.save()
-                self.write_card()
+                self.write_card()   # each shard's manifest entry is saved as it is sealed
             except OSError as exc:
                 error = error or exc
         if error is not None:
@@ -457,40 +547,36 @@ class DatasetWriter:
         return sealed
 
     def _seal_segment(self, table: str, seg: _Segment) -> Path | None:
+        # No fsync of the WAL here: the shard is fsynced before the segment is deleted, and
+        # a segment deleted soon after its last write never has to reach the disk at all.
+        # (The end-of-stream marker is optional for readers, so none is written.)
         self._segments.pop(table, None)
         try:
-            seg.writer.close()  # the end-of-stream marker is optional for readers
-            seg.file.flush()
-            os.fsync(seg.file.fileno())
+            # The key lock is taken before the segment's own lock goes with its descriptor,
+            # so a process on another host never seals it between the two.
+            with file_lock(self.manifest.lock_path):
+                seg.close()
+                return seal_segment_file(self.root, seg.path, table, self.run_id, self.rank,
+                                         seg.epoch, self._schemas.get(table), self.manifest)
         except OSError:
-            pass
-        finally:
-            try:
-                seg.file.close()
-            except OSError:
-                pass
-        try:
-            path = seal_segment_file(self.root, seg.path, table, self.run_id, self.rank,
-                                     seg.epoch, self._schemas.get(table), self.manifest)
-        except OSError:
+            seg.close()
             self._retired.append((table, seg))  # sealed again at the next seal()
             raise
-        self.manifest.save()
-        return path
 
     def write_file(self, table: str, name: str, data: pa.Table) -> Path:
         """Atomically (re)write a whole small shard, e.g. the one row of a run."""
         schema = self._schemas.get(table, data.schema)
         self._schemas.setdefault(table, schema)
         path = shard_dir(self.root, table, self.run_id, self.rank) / f"{name}.parquet"
-        sha = write_parquet_atomic(conform(data, schema), path)
-        rel = path.relative_to(self.root).as_posix()
-        self.manifest.record(rel, {
-            "table": table, "run_id": self.run_id, "rank": self.rank, "epoch": None,
-            "rows": data.num_rows, "sha256": sha, "sealed_at": time.time(),
-            "uploaded": None,
-        })
-        self.manifest.save()
+        with file_lock(self.manifest.lock_path):
+            sha = write_parquet_atomic(conform(data, schema), path)
+            rel = path.relative_to(self.root).as_posix()
+            self.manifest.record(rel, {
+                "table": table, "run_id": self.run_id, "rank": self.rank, "epoch": None,
+                "rows": data.num_rows, "sha256": sha, "sealed_at": time.time(),
+                "uploaded": None,
+            })
+            self.manifest.save()
         return path
 
     def write_card(self) -> None:
@@ -504,10 +590,22 @@ class DatasetWriter:
         return sealed
 
 
-def _next_shard_path(folder: Path, epoch: int) -> Path:
+def _shard_path(folder: Path, epoch: int, tmp: Path, sha: str, listed: dict[str, dict[str, Any]],
+                root: Path) -> Path:
+    """Where the new shard ``tmp`` of ``epoch`` goes: ``epoch-NNNNN.parquet``, or the next free
+    ``epoch-NNNNN-PPP.parquet``. An existing shard that no manifest entry lists (a seal
+    interrupted between the rename and the manifest) with the same bytes is reused, so
+    sealing a segment again gives no second copy of its rows."""
+    size = tmp.stat().st_size
     path = folder / f"epoch-{epoch:05d}.parquet"
     part = 1
     while path.exists():
+        rel = path.relative_to(root).as_posix()
+        try:
+            if rel not in listed and path.stat().st_size == size and sha256_file(path) == sha:
+                return path
+        except OSError:
+            pass
         path = folder / f"epoch-{epoch:05d}-{part:03d}.parquet"
         part += 1
     return path
@@ -523,32 +621,62 @@ def seal_segment_file(
     schema: pa.Schema | None,
     manifest: Manifest,
 ) -> Path | None:
-    """Turn one WAL segment into a Parquet shard, record it, delete the segment."""
-    seg_schema, batches, torn = read_segment(segment)
-    if torn:
-        _logger.warning("WAL segment %s ends in a torn batch; kept %d whole batches",
-                        segment, len(batches))
-    schema = schema or seg_schema
-    rows = sum(b.num_rows for b in batches)
-    path = None
-    if schema is not None and rows:
-        data = conform(pa.Table.from_batches(batches, schema=seg_schema), schema)
-        path = _next_shard_path(shard_dir(root, table, run_id, rank), epoch)
-        sha = write_parquet_atomic(data, path)
-        rel = path.relative_to(root).as_posix()
-        manifest.record(rel, {
-            "table": table, "run_id": run_id, "rank": rank, "epoch": epoch, "rows": rows,
-            "sha256": sha, "sealed_at": time.time(), "uploaded": None,
-        })
-    segment.unlink(missing_ok=True)
-    return path
+    """Turn one WAL segment into a Parquet shard, record it, delete the segment.
+
+    Holds the writer key's inter-process lock throughout, and is idempotent: a segment
+    that is gone (another process sealed it) or already listed in the manifest (a crash
+    after the manifest was saved) is not sealed again. The manifest is saved before the
+    segment is deleted, so whoever no longer sees the segment sees its shard.
+    """
+    with file_lock(manifest.lock_path):
+        if not segment.exists():
+            return None
+        manifest.merge_from_disk()   # what other processes sealed for this key is listed too
+        with manifest.lock:
+            done = next((rel for rel, info in manifest.shards.items()
+                         if info.get("wal_segment") == segment.name and (root / rel).is_file()), None)
+        if done is not None:
+            segment.unlink(missing_ok=True)
+            return None
+        seg_schema, batches, torn = read_segment(segment)
+        if torn:
+            _logger.warning("WAL segment %s ends in a torn batch; kept %d whole batches",
+                            segment, len(batches))
+        schema = schema or seg_schema
+        rows = sum(b.num_rows for b in batches)
+        path = None
+        if schema is not None and rows:
+            data = conform(pa.Table.from_batches(batches, schema=seg_schema), schema)
+            folder = shard_dir(root, table, run_id, rank)
+            tmp, sha = _write_parquet_tmp(data, folder, f"epoch-{epoch:05d}.parquet")
+            del data, batches   # drop the memory map of the segment
+            with manifest.lock:
+                listed = dict(manifest.shards)
+            try:
+                path = _shard_path(folder, epoch, tmp, sha, listed, root)
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
+            _publish(tmp, path)
+            manifest.record(path.relative_to(root).as_posix(), {
+                "table": table, "run_id": run_id, "rank": rank, "epoch": epoch, "rows": rows,
+                "sha256": sha, "sealed_at": time.time(), "uploaded": None, "wal_segment": segment.name,
+            })
+            manifest.save()
+        segment.unlink(missing_ok=True)
+        return path
 
 
 def recover(root: str | os.PathLike[str]) -> list[Path]:
     """Seal the WAL segments of writers whose process is gone; returns the new shards.
 
-    Safe to call while other live writers use the same dataset: segments of running
-    processes are left alone.
+    Safe to call while other live writers use the same dataset (segments whose process
+    runs on this host, or that a live process on any host holds locked, are left alone),
+    and from several processes at once: each writer key is recovered under its
+    inter-process lock, so every dead segment becomes exactly one shard, recorded once.
+    A process that finds another one recovering the same key waits for it (at most
+    :data:`~opentelemetry.exporter.hf_dataset._locks.LOCK_TIMEOUT_S`), then finds the
+    segments gone and their shards in the manifest.
     """
     root = Path(root)
     wal_root = root / STATE_DIR / "wal"
@@ -556,30 +684,38 @@ def recover(root: str | os.PathLike[str]) -> list[Path]:
     if not wal_root.is_dir():
         return sealed
     for folder in sorted(p for p in wal_root.iterdir() if p.is_dir()):
-        key = folder.name
-        m = re.fullmatch(r"(?P<run>.+?)(?:-rank-(?P<rank>\d{5}))?", key)
-        run_id, rank = m.group("run"), (int(m.group("rank")) if m.group("rank") else None)
-        manifest = Manifest.load(root / STATE_DIR / "manifests" / f"{key}.json")
-        changed = False
-        for seg in sorted(folder.glob("*.arrows")):
-            sm = _SEGMENT_RE.match(seg.name)
-            if sm is None or _pid_alive(int(sm.group("pid"))):
-                continue
-            try:
-                path = seal_segment_file(root, seg, sm.group("table"), run_id, rank,
-                                         int(sm.group("epoch")), None, manifest)
-            except OSError as exc:
-                _logger.warning("could not recover WAL segment %s: %s", seg, exc)
-                continue
-            changed = True
-            if path is not None:
-                sealed.append(path)
-        if changed:
-            manifest.save()
+        dead = [(seg, sm) for seg in sorted(folder.glob("*.arrows"))
+                if (sm := _SEGMENT_RE.match(seg.name)) is not None
+                and not _pid_alive(int(sm.group("pid"))) and not segment_is_locked(seg)]
+        if dead:
+            sealed += _recover_key(root, folder.name, dead)
         try:
             folder.rmdir()
         except OSError:
             pass
     if sealed:
         write_card(root)
+    return sealed
+
+
+def _recover_key(root: Path, key: str, dead: list[tuple[Path, re.Match[str]]]) -> list[Path]:
+    """Seal the dead segments of one writer key, holding the key's lock throughout."""
+    m = re.fullmatch(r"(?P<run>.+?)(?:-rank-(?P<rank>\d{5}))?", key)
+    run_id, rank = m.group("run"), (int(m.group("rank")) if m.group("rank") else None)
+    manifest_path = root / STATE_DIR / "manifests" / f"{key}.json"
+    sealed: list[Path] = []
+    try:
+        with file_lock(Manifest(manifest_path).lock_path):
+            manifest = Manifest.load(manifest_path)   # as the last holder of the lock left it
+            for seg, sm in dead:
+                try:
+                    path = seal_segment_file(root, seg, sm.group("table"), run_id, rank,
+                                             int(sm.group("epoch")), None, manifest)
+                except OSError as exc:
+                    _logger.warning("could not recover WAL segment %s: %s", seg, exc)
+                    continue
+                if path is not None:
+                    sealed.append(path)
+    except OSError as exc:   # lock file not creatable, or another process held it too long
+        _logger.warning("could not recover the WAL of %s: %s", key, exc)
     return sealed
