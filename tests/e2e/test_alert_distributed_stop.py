@@ -51,7 +51,9 @@ def test_both_ranks_stop_after_the_same_step_with_training_stopped(stopped):
         assert report["message"].startswith(f"alert 'loss' on rank 1 stopped training at step {NAN_AT}: ")
     last = {rank: report["completed"] for rank, report in reports.items()}  # the step whose opt.step() raised
     assert last[0] == last[1], last
-    assert NAN_AT < last[0] <= NAN_AT + 30, last  # a few steps after the NaN, far from the 400 steps
+    # a few steps after the NaN (most of them until the exporter sees the step; agreeing
+    # took 1-3 steps in our runs), far from the 400 steps of the loop
+    assert NAN_AT < last[0] <= NAN_AT + 60, last
     for rank in (0, 1):
         assert f"[rank{rank}]: observers.process.alerts.TrainingStopped: alert 'loss' on rank 1" in proc.stderr
     assert "Timed out" not in proc.stderr and "Connection closed by peer" not in proc.stderr
