@@ -6,6 +6,7 @@ Layout of one dataset (``root``)::
     data/<table>/<run_id>[/rank-NNNNN]/epoch-00000.parquet
     .observers/wal/<run_id>[-rank-NNNNN]/<table>.e00000.<pid>.<seq>.<token>.arrows
     .observers/manifests/<run_id>[-rank-NNNNN].json
+    .observers/locks/<run_id>[-rank-NNNNN].lock  (empty; inter-process lock of that writer)
 
 Write path: every batch is appended to an Arrow IPC *stream* segment (the WAL; one per table,
 epoch and writer process), as one encapsulated IPC message in one ``write(2)``. A batch
@@ -20,7 +21,7 @@ Concurrency (see :mod:`._locks`): several processes may share a dataset folder â
 a restarted run, ``observers push`` or a second restart recovering the same dead WAL.
 
 * Sealing a segment and rewriting a manifest hold the writer key's inter-process lock
-  (``.observers/manifests/<key>.json.lock``, ``fcntl.lockf``). A recovering process seals
+  (``.observers/locks/<key>.lock``, ``fcntl.lockf``). A recovering process seals
   a segment only if it still exists under that lock, so each dead segment becomes exactly
   one shard; a manifest save merges what other processes saved, so no entry is lost.
 * Each open segment is locked by its live writer (created under a temporary name, locked,
@@ -314,7 +315,10 @@ class Manifest:
 
     @property
     def lock_path(self) -> Path:
-        """Lock file of this writer key: held to seal its segments or rewrite this file."""
+        """Lock file of this writer key, held to seal its segments or rewrite this file:
+        ``.observers/locks/<key>.lock`` (next to the file for a manifest elsewhere)."""
+        if self.path.parent.name == "manifests":
+            return self.path.parent.parent / "locks" / f"{self.key}.lock"
         return self.path.with_name(self.path.name + ".lock")
 
     @classmethod
