@@ -14,7 +14,8 @@ Kernels per tensor (CPU timings from ``reference/overhead_spike.md`` and
 
 ==============  ==========================================================================
 ``sum``         mean
-``vector_norm`` L2 norm; with the sum, the standard deviation
+``dot``         L2 norm (``sqrt`` of ``x . x``; ``vector_norm`` off CPU or when not
+                contiguous); with the sum, the standard deviation
 ``aminmax``     min and max
 zeros           ``sign`` into a reused scratch buffer + ``dot`` on CPU (``count_nonzero``
                 is a branchy scalar loop there, 10x slower on ReLU outputs);
@@ -376,7 +377,13 @@ def _tensor_stats(t: torch.Tensor, v: tuple[torch.Tensor, ...], m: _DeviceMatrix
     s_sum, s_norm, s_min, s_max, s_nnz, s_nan, s_inf, _ = v
     if t.dtype == torch.float32:
         torch.sum(t, dim=None, out=s_sum)
-        torch.linalg.vector_norm(t, out=s_norm)
+        if m.cpu and t.is_contiguous():
+            # BLAS dot: about 2x faster than vector_norm on CPU, and at least as precise
+            flat = t.view(-1)
+            torch.dot(flat, flat, out=s_norm)
+            s_norm.sqrt_()
+        else:
+            torch.linalg.vector_norm(t, out=s_norm)
         torch.aminmax(t, out=(s_min, s_max))
     else:
         acc = torch.float32 if t.dtype in _HALF else None
