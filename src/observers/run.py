@@ -56,6 +56,13 @@ _logger = logging.getLogger(__name__)
 
 DRAIN_SECONDS = 1.0
 """Closed steps reach the exporter thread at least this often (the crash-loss window)."""
+SAMPLED_DRAIN_SECONDS = 0.25
+SAMPLED_DRAIN_STEPS = 8
+"""A sampled step drains the buffer early (alerts see its values soon) once this much time
+or this many steps passed since the last drain (every sampled step when
+``Run.drain_every_sampled_step``): at ``sample_interval=1`` the exporter thread gets batches
+of steps instead of one item per step (its Python work competes with the training thread
+for the GIL and, on small machines, for the cores)."""
 
 
 class Component:
@@ -440,7 +447,10 @@ class Run:
         self._call("on_step_end", self, self.step, self.sampled)
         self._last_closed_sampled = self.sampled
         self.buffer.close_step(self._learning_rates())
-        if self.sampled or self.buffer.full or time.monotonic() - self._last_drain > DRAIN_SECONDS:
+        elapsed = time.monotonic() - self._last_drain
+        if self.buffer.full or elapsed > DRAIN_SECONDS or self.sampled and (
+                self.drain_every_sampled_step or elapsed >= SAMPLED_DRAIN_SECONDS
+                or self.buffer.n >= SAMPLED_DRAIN_STEPS):
             self._drain_due = True
         self.step += 1
         self._open_step(t1)
@@ -453,6 +463,8 @@ class Run:
             raise exc
 
     _last_closed_sampled = False
+    drain_every_sampled_step = False
+    """Set by components that need each sampled step's values at once (alert stop actions)."""
     _epoch_end_pending: tuple[int, int] | None = None  # (step open at exhaustion, time.time_ns() then)
 
     def _end_pending_epoch(self, end_ns: int | None) -> None:
@@ -486,9 +498,9 @@ class Run:
         self._last_drain = time.monotonic()
         batch = self.buffer.drain()
         epoch = int(batch.ints[0, sb.EPOCH]) if batch is not None else self.epoch
+        self._call("on_drain", self, epoch)  # first: per-layer rows precede their steps' scalars
         if batch is not None:
             self.pipeline.put("call", lambda: self._consume(batch, epoch))
-        self._call("on_drain", self, epoch)
 
     def _end_epoch(self, end_ns: int | None = None) -> None:
         self._drain()
@@ -535,10 +547,11 @@ class Run:
             for sink in self.pipeline.sinks:
                 self.pipeline._safe(sink.write, "spans", spans, epoch)
 
-    def emit(self, table: str, producer: Callable[[], pa.Table | None] | pa.Table) -> None:
-        """Queue rows of ``table`` for the current epoch (components use this)."""
+    def emit(self, table: str, producer: Callable[[], pa.Table | None] | pa.Table,
+             epoch: int | None = None) -> None:
+        """Queue rows of ``table`` for ``epoch`` (default: the current one); components use this."""
         if self.started:
-            self.pipeline.rows(table, self.epoch, producer)
+            self.pipeline.rows(table, self.epoch if epoch is None else epoch, producer)
 
     # -- helpers ------------------------------------------------------------------------
     def _call(self, method: str, *args: Any) -> None:

@@ -62,6 +62,7 @@ import weakref
 from typing import Any, Callable, Sequence
 
 import numpy as np
+import pyarrow as pa
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
@@ -196,6 +197,8 @@ class LayerStats(Component):
         self._closed: tuple[int, int] | None = None  # (step, epoch) of the last sampled step closed
         self._late = ls.StatsMatrix(capacity=16)
         self._late_open = False
+        # sampled steps whose rows wait for the run's next drain: (snapshot, step, epoch, time)
+        self._pending: list[tuple[ls.Snapshot, int, int, int]] = []
 
     # -- run events ---------------------------------------------------------------------
     def on_step_start(self, run: Run, step: int, sampled: bool) -> None:
@@ -295,17 +298,31 @@ class LayerStats(Component):
         self._emit(run, self.matrix, *self._closed)
 
     def _emit(self, run: Run, matrix: ls.StatsMatrix, step: int, epoch: int) -> None:
-        """Start the copy of ``matrix`` and queue its rows (built on the exporter thread)."""
+        """Start the copy of ``matrix``; its rows leave with the run's next drain."""
         if matrix.n == 0:
             return
-        snap = matrix.snapshot()
+        time_ns = time.perf_counter_ns() + run.clock_offset_ns
+        self._pending.append((matrix.snapshot(), step, epoch, time_ns))
+
+    def on_drain(self, run: Run, epoch: int) -> None:
+        """Queue the pending sampled steps' rows, one table per epoch, built on the exporter
+        thread (one item for several steps at ``sample_interval=1``)."""
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, []
         layers = self._layer_arrays()
         run_id, rank = run.run_id, run.rank
-        time_ns = time.perf_counter_ns() + run.clock_offset_ns
-        run.emit("layers", lambda: snap.table(layers, run_id=run_id, rank=rank, step=step,
-                                              epoch=epoch, time_ns=time_ns))
+        for ep in dict.fromkeys(e for _, _, e, _ in pending):
+            part = [(snap, step, t) for snap, step, e, t in pending if e == ep]
+
+            def build(part: list[tuple[ls.Snapshot, int, int]] = part, ep: int = ep) -> pa.Table:
+                return pa.concat_tables([snap.table(layers, run_id=run_id, rank=rank, step=step,
+                                                    epoch=ep, time_ns=t) for snap, step, t in part])
+
+            run.emit("layers", build, epoch=ep)
 
     def on_finish(self, run: Run) -> None:
+        self.on_drain(run, run.epoch)
         self._stop()
         self._opt_cache.clear()
         self._modules.clear()

@@ -35,7 +35,7 @@ from observers.export import tables
 from observers.export.pipeline import RateLimitedLogger
 from observers.process.alerts import (Alert, AlertError, AlertGate, AlertSettings, AlertWarning, Columns,
                                       Context, RuleSet, TrainingStopped, parse_alert_rules)
-from observers.process.coordinated_stop import StopCoordinator, coordinator_for
+from observers.process.coordinated_stop import StopCoordinator, coordinator_for, wants_coordination
 from observers.process.detectors import build_detectors
 from observers.run import COMPONENT_FACTORIES, Component, Run
 from observers.version import __version__
@@ -250,6 +250,8 @@ class AlertComponent(Component):
         self.monitor = AlertMonitor(run, self.settings, self.callback)
         run.pipeline.sinks.append(self.monitor)
         self.monitor.coordinator = coordinator_for(run, self.settings)
+        # a stop/raise action should act within a few steps: hand over every sampled step
+        run.drain_every_sampled_step = wants_coordination(self.settings)
 
     def on_step_start(self, run: Run, step: int, sampled: bool) -> None:
         coordinator = self.monitor.coordinator if self.monitor is not None else None
