@@ -206,6 +206,9 @@ class Run:
         if self.started:
             return
         self.started = True
+        # pyarrow imports pandas (when installed) on its first conversion: about 1 s of
+        # GIL-holding imports, done here rather than on the exporter thread mid-training
+        pa.array([0])
         cfg = self.config
         self.rank, self.local_rank, self.world_size = _dist_info()
         self.distributed = bool(cfg.distributed) if cfg.distributed is not None else self.world_size > 1

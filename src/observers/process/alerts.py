@@ -310,11 +310,12 @@ class Columns:
     def __init__(self, data: Any) -> None:
         self.data = data
         self.n = data.num_rows
+        self._names = frozenset(data.column_names)
         self._cache: dict[str, np.ndarray] = {}
         self._memo: dict[Any, Any] = {}
 
     def has(self, name: str) -> bool:
-        return name in self.data.column_names
+        return name in self._names
 
     def __getitem__(self, name: str) -> np.ndarray:
         col = self._cache.get(name)

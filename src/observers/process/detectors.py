@@ -219,7 +219,14 @@ class _History:
         out = np.full(len(rows), np.nan)
         ready = self.count[rows] >= max(need, 1)
         if ready.any():
-            out[ready] = np.nanmedian(self.values[rows[ready]], axis=1)
+            # rows fill from the left and NaN sorts last: the median of the first k sorted
+            # (np.nanmedian goes through masked arrays on small inputs, 10x slower)
+            picked = rows[ready]
+            ordered = np.sort(self.values[picked], axis=1)
+            k = np.minimum(self.count[picked], self.window)
+            lo = np.take_along_axis(ordered, ((k - 1) // 2)[:, None], axis=1)[:, 0]
+            hi = np.take_along_axis(ordered, (k // 2)[:, None], axis=1)[:, 0]
+            out[ready] = (lo + hi) / 2
         return out
 
     def push(self, rows: np.ndarray, values: np.ndarray) -> None:
