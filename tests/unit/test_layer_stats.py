@@ -345,3 +345,22 @@ def test_weight_grad_and_update_rows_equal_reference_norms(tmp_path, metrics):
         assert math.isclose(row.l2_norm, ref[(row.step, row.layer, row.kind)], rel_tol=1e-5), (row.layer, row.kind)
         assert row.numel == dict(model.named_parameters())[row.layer].numel()
         assert row.layer_type == "Linear" and pd.isna(row["mean"])
+
+
+def test_norm_rows_in_bulk_grow_the_matrix_and_keep_earlier_rows():
+    """``add_norms`` reserves consecutive rows (growing a tiny matrix) between tensor rows."""
+    g = torch.Generator().manual_seed(1)
+    first, last = torch.randn(40, generator=g), torch.randn(7, 3, generator=g)
+    params = [torch.randn(n, generator=g) for n in (5, 9, 300, 2, 11)]
+    norms = torch.stack([torch.linalg.vector_norm(p) for p in params])
+    m = ls.StatsMatrix(capacity=2)
+    m.reset()
+    m.add(ls.ACTIVATION, 0, 0, first)
+    m.add_norms(ls.WEIGHT, [0, 0, 0, 0, 0], norms, [p.numel() for p in params])
+    m.add(ls.ACTIVATION, 0, 1, last)
+    df = m.snapshot().table(LAYERS, run_id="r", rank=0, step=0, epoch=0, time_ns=0).to_pandas()
+    assert df.kind.tolist() == ["activation"] + ["weight"] * 5 + ["activation"]
+    assert df.numel.tolist() == [40, 5, 9, 300, 2, 11, 21]
+    np.testing.assert_allclose(df.l2_norm[1:6], norms.numpy(), rtol=1e-6)
+    _check(df.iloc[0], _reference(first))
+    _check(df.iloc[6], _reference(last))

@@ -100,14 +100,21 @@ class _DeviceMatrix:
         self.used = 0
 
     def new_row(self) -> int:
-        if self.used == self.capacity:
+        return self.new_rows(1)
+
+    def new_rows(self, k: int) -> int:
+        """Reserve ``k`` consecutive rows; returns the first (grows the matrix by doubling)."""
+        if self.used + k > self.capacity:
             old_data, old_hist, n = self.data, self.hist, self.used
-            self._alloc(self.capacity * 2)
+            capacity = self.capacity * 2
+            while capacity < n + k:
+                capacity *= 2
+            self._alloc(capacity)
             self.data[:n].copy_(old_data[:n])
             if old_hist is not None and self.hist is not None:
                 self.hist[:n].copy_(old_hist[:n])
-        self.used += 1
-        return self.used - 1
+        self.used += k
+        return self.used - k
 
     def views(self, pos: int) -> tuple[torch.Tensor, ...]:
         """0-d views of row ``pos``: sum, norm, min, max (float32), nnz, nan, inf, sat (int64)."""
@@ -326,17 +333,17 @@ class StatsMatrix:
         if not k:
             return
         d, m = self._matrix(norms.device)
-        first = self.n
-        for j in range(k):
-            self.new_row(kind, layers[j], 0, norms.device, numels[j])
-        pos = self._pos[first:first + k]
-        p0 = pos[0]
-        if pos[-1] - p0 == k - 1:
-            m.f[p0:p0 + k, F_NORM].copy_(norms)
-        else:  # the matrix grew in between; rare
-            idx = torch.as_tensor(pos, device=norms.device)
-            m.f[:, F_NORM].index_copy_(0, idx, norms.to(torch.float32))
-        self._filled[first:first + k] = [True] * k
+        p0 = m.new_rows(k)
+        self._kind += [kind] * k
+        self._layer += list(layers)
+        self._call += [0] * k
+        self._numel += list(numels)
+        self._alias += [-1] * k
+        self._filled += [True] * k
+        self._sat += [SAT_NONE] * k
+        self._dev += [d] * k
+        self._pos += range(p0, p0 + k)
+        m.f[p0:p0 + k, F_NORM].copy_(norms)
 
     def add_scale(self, scale: torch.Tensor) -> None:
         """The AMP loss scale of this step's backward (gradient rows are divided by it)."""
