@@ -59,6 +59,9 @@ class SharedWriter:
         self.seal_interval = interval
         self._last_seal = time.monotonic()
         self.uploader = _start_uploader(root, self.writer)
+        if self.uploader is not None:
+            uploader = self.uploader
+            self.writer.on_sealed.append(lambda _paths: uploader.notify())
 
     def write(self, table: str, data: pa.Table, schema: pa.Schema | None = None, epoch: int = 0) -> bool:
         with self.lock:
@@ -68,8 +71,7 @@ class SharedWriter:
                 self.writer.write(table, data, epoch=epoch)
                 if self.seal_interval and time.monotonic() - self._last_seal > self.seal_interval:
                     self._last_seal = time.monotonic()
-                    if self.writer.seal() and self.uploader is not None:
-                        self.uploader.notify()
+                    self.writer.seal(wait=False)   # on the sealer thread: exports do not wait
                 return True
             except (OSError, ValueError, pa.ArrowException) as exc:
                 self.failures("hf_dataset exporter could not write %s: %s", table, exc)

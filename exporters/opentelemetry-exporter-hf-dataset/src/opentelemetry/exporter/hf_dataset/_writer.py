@@ -44,9 +44,10 @@ import re
 import socket
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
@@ -72,15 +73,23 @@ def _parquet_options(schema: pa.Schema) -> dict[str, Any]:
 
     * ``write_page_index`` lets readers (and the Hub viewer) skip pages.
     * Content-defined chunking (pyarrow >= 21) keeps unchanged pages byte-identical, so a
-      re-sealed or re-uploaded shard deduplicates on the Hub's storage.
+      re-sealed or re-uploaded shard deduplicates on the Hub's storage. Pages of 768 KiB to
+      1 MiB instead of the default 256 KiB to 1 MiB: the chunker only hashes the bytes past
+      the minimum, so this halves its cost (the largest part of a seal: -17% instructions
+      for 1M ``layers`` rows), and in our tests (rows appended, a torn last batch dropped)
+      re-written shards deduplicate as much as with the default.
     * Dictionary encoding only for string columns (layer names, kinds: few distinct values);
       tried on float columns it costs more than half of the write time and gains nothing.
     * ``BYTE_STREAM_SPLIT`` for float columns (and lists of floats, e.g. histograms): faster
       than dictionary attempts, and zstd compresses the split byte planes of smooth series well.
+    * ``DELTA_BINARY_PACKED`` for integer and timestamp columns (steps, ranks, counts,
+      times): nearly constant or increasing, they shrink to a few bits per value before
+      zstd, so the seal of 1M ``layers`` rows takes ~7% fewer instructions and the file is
+      ~3% smaller than with plain integers.
     """
     options = dict(_PARQUET_OPTIONS)
     if tuple(int(p) for p in pa.__version__.split(".")[:2]) >= (21, 0):
-        options["use_content_defined_chunking"] = True
+        options["use_content_defined_chunking"] = {"min_chunk_size": 768 * 1024, "max_chunk_size": 1024 * 1024}
     options["use_dictionary"] = [f.name for f in schema
                                  if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
                                  or pa.types.is_dictionary(f.type)]
@@ -90,8 +99,11 @@ def _parquet_options(schema: pa.Schema) -> dict[str, Any]:
 
     floats = [f.name for f in schema if split(f.type)]
     floats += [f"{f.name}.list.element" for f in schema if pa.types.is_list(f.type) and split(f.type.value_type)]
-    if floats:
-        options["column_encoding"] = {name: "BYTE_STREAM_SPLIT" for name in floats}
+    encoding = {name: "BYTE_STREAM_SPLIT" for name in floats}
+    encoding.update({f.name: "DELTA_BINARY_PACKED" for f in schema
+                     if pa.types.is_integer(f.type) or pa.types.is_timestamp(f.type)})
+    if encoding:
+        options["column_encoding"] = encoding
     return options
 
 
@@ -131,10 +143,14 @@ def shard_dir(root: Path, table: str, run_id: str, rank: int | None) -> Path:
 
 
 def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
+        return _sha256_of(fh)
+
+
+def _sha256_of(fh: Any) -> str:
+    digest = hashlib.sha256()
+    for chunk in iter(lambda: fh.read(1 << 20), b""):
+        digest.update(chunk)   # releases the GIL for large chunks
     return digest.hexdigest()
 
 
@@ -153,34 +169,6 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     _fsync_dir(path.parent)
 
 
-class _HashingFile:
-    """Write-only file object that computes the sha256 of what passes through it."""
-
-    def __init__(self, fh: Any) -> None:
-        self.fh = fh
-        self.sha = hashlib.sha256()
-        self.closed = False
-
-    def write(self, data: Any) -> int:
-        self.sha.update(data)
-        return self.fh.write(data)
-
-    def flush(self) -> None:
-        self.fh.flush()
-
-    def close(self) -> None:
-        self.closed = True
-
-    def writable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return False
-
-    def tell(self) -> int:
-        return self.fh.tell()
-
-
 def _write_parquet_tmp(table: pa.Table, folder: Path, name: str) -> tuple[Path, str]:
     """Write ``table`` to a fsynced dot-prefixed temporary file in ``folder``; returns it and
     its sha256 (the caller renames it into place, or deletes it)."""
@@ -189,15 +177,17 @@ def _write_parquet_tmp(table: pa.Table, folder: Path, name: str) -> tuple[Path, 
     row_bytes = max(1, table.nbytes // max(1, table.num_rows))
     row_group_size = max(1024, _ROW_GROUP_BYTES // row_bytes)
     try:
-        with open(tmp, "wb") as fh:
-            out = _HashingFile(fh)     # hashed on the way out: no second read of the shard
+        # A native file: the whole encode runs without the GIL (a Python file object takes
+        # it for every page), so a background seal does not slow the training thread down.
+        with pa.OSFile(str(tmp), "wb") as out:
             pq.write_table(table, out, row_group_size=row_group_size, **_parquet_options(table.schema))
-            fh.flush()
+        with open(tmp, "rb") as fh:   # hashed from the page cache (~25 ms per 20 MB)
+            sha = _sha256_of(fh)
             os.fsync(fh.fileno())
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    return tmp, out.sha.hexdigest()
+    return tmp, sha
 
 
 def _publish(tmp: Path, path: Path) -> None:
@@ -410,6 +400,9 @@ class DatasetWriter:
 
     Not thread-safe: one thread (the exporter's worker) owns a writer. Schemas are fixed
     per table (:meth:`register_table`), so every shard of a table has the same columns.
+    Sealing can run on a background thread of the writer (``seal(wait=False)``, and the
+    seal of an epoch that a write of the next epoch ends), so that appends never wait for
+    Parquet encoding: a 1M-row epoch takes about a second to seal.
     """
 
     def __init__(
@@ -432,7 +425,12 @@ class DatasetWriter:
         self.card_tags = tuple(card_tags)
         self._schemas: dict[str, pa.Schema] = {}
         self._segments: dict[str, _Segment] = {}
-        self._retired: list[tuple[str, _Segment]] = []  # segments whose write failed
+        self._retired: list[tuple[str, _Segment]] = []  # segments whose write or seal failed
+        self._retired_lock = threading.Lock()           # shared with the background sealer
+        self._sealer: ThreadPoolExecutor | None = None  # one thread, started on first use
+        self._background: list[Future[list[Path]]] = []
+        self.on_sealed: list[Callable[[list[Path]], None]] = []
+        """Called (on the sealer thread) with the shards of each background seal."""
         self._seq = 0
         self._token = os.urandom(4).hex()
         key = writer_key(run_id, rank)
@@ -462,10 +460,7 @@ class DatasetWriter:
             return
         seg = self._segments.get(table)
         if seg is not None and seg.epoch != epoch:
-            try:
-                self._seal_segment(table, seg)
-            except OSError as exc:   # its WAL stays; the next seal() tries again
-                _logger.warning("could not seal %s epoch %d yet: %s", table, seg.epoch, exc)
+            self._seal_in_background([(table, seg)])   # the new epoch's rows do not wait
             seg = None
         if seg is None:
             seg = self._open_segment(table, epoch, schema)
@@ -512,23 +507,37 @@ class DatasetWriter:
     def _retire(self, table: str, seg: _Segment) -> None:
         self._segments.pop(table, None)
         seg.close()
-        self._retired.append((table, seg))
+        with self._retired_lock:
+            self._retired.append((table, seg))
 
-    def seal(self) -> list[Path]:
-        """Seal every open WAL segment into a Parquet shard; returns the new shard paths.
+    def seal(self, wait: bool = True) -> list[Path]:
+        """Seal every open WAL segment into a Parquet shard.
 
-        Raises the first ``OSError`` (disk full...) after trying every segment; a segment
-        that could not be sealed keeps its WAL file and is tried again at the next seal.
+        ``wait=True``: first waits for the background seals still running, then seals
+        here; returns every shard sealed since the previous ``seal(wait=True)`` returned
+        (background ones included). Raises the first ``OSError`` (disk full...) after
+        trying every segment; a segment that could not be sealed keeps its WAL file and
+        is tried again at the next seal.
+
+        ``wait=False``: closes the open segments and returns ``[]`` at once. The writer's
+        sealer thread seals them in order, writes the card, and calls each of
+        :attr:`on_sealed` with the new shards; a failure is logged and the segment is
+        tried again at the next seal. Appends to new segments go on meanwhile.
         """
-        sealed: list[Path] = []
+        if not wait:
+            self._seal_in_background(list(self._segments.items()))
+            return []
+        sealed = self._wait_background()
         error: OSError | None = None
-        retired, self._retired = self._retired, []
+        with self._retired_lock:
+            retired, self._retired = self._retired, []
         for table, seg in retired:   # each on its own: empty ones go even when the disk is full
             try:
                 path = seal_segment_file(self.root, seg.path, table, self.run_id, self.rank,
                                          seg.epoch, self._schemas.get(table), self.manifest)
             except OSError as exc:
-                self._retired.append((table, seg))
+                with self._retired_lock:
+                    self._retired.append((table, seg))
                 error = error or exc
                 continue
             if path is not None:
@@ -564,8 +573,56 @@ class DatasetWriter:
                                          seg.epoch, self._schemas.get(table), self.manifest)
         except OSError:
             seg.close()
-            self._retired.append((table, seg))  # sealed again at the next seal()
+            with self._retired_lock:
+                self._retired.append((table, seg))  # sealed again at the next seal()
             raise
+
+    # -- background sealing -----------------------------------------------------------------
+    def _seal_in_background(self, segments: list[tuple[str, _Segment]]) -> None:
+        if not segments:
+            return
+        for table, seg in segments:
+            self._segments.pop(table, None)
+            seg.close()     # no more writes; another host may seal it first, which is fine
+        try:
+            if self._sealer is None:
+                self._sealer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-dataset-sealer")
+            self._background.append(self._sealer.submit(self._seal_job, segments, dict(self._schemas)))
+        except RuntimeError:   # the interpreter is shutting down: the next seal() takes them
+            with self._retired_lock:
+                self._retired.extend(segments)
+
+    def _seal_job(self, segments: list[tuple[str, _Segment]], schemas: dict[str, pa.Schema]) -> list[Path]:
+        """Runs on the sealer thread; never raises (the segments of a failure are retired)."""
+        sealed: list[Path] = []
+        for table, seg in segments:
+            try:
+                path = seal_segment_file(self.root, seg.path, table, self.run_id, self.rank,
+                                         seg.epoch, schemas.get(table), self.manifest)
+            except Exception as exc:  # noqa: BLE001 - logged; tried again at the next seal
+                _logger.warning("could not seal %s epoch %d yet (tried again at the next seal): %s",
+                                table, seg.epoch, exc)
+                with self._retired_lock:
+                    self._retired.append((table, seg))
+                continue
+            if path is not None:
+                sealed.append(path)
+        if sealed:
+            try:
+                write_card(self.root, description=self.card_description, tags=self.card_tags,
+                           schemas=schemas)
+            except OSError as exc:
+                _logger.warning("could not write the dataset card of %s: %s", self.root, exc)
+            for callback in list(self.on_sealed):
+                try:
+                    callback(sealed)
+                except Exception:  # noqa: BLE001 - a callback never stops sealing
+                    _logger.exception("on_sealed callback failed")
+        return sealed
+
+    def _wait_background(self) -> list[Path]:
+        pending, self._background = self._background, []
+        return [path for job in pending for path in job.result()]
 
     def write_file(self, table: str, name: str, data: pa.Table) -> Path:
         """Atomically (re)write a whole small shard, e.g. the one row of a run."""
@@ -588,9 +645,15 @@ class DatasetWriter:
                    schemas=self._schemas)
 
     def close(self) -> list[Path]:
-        """Seal what is left and write the card; idempotent."""
-        sealed = self.seal()
-        self.write_card()
+        """Seal what is left (waiting for background seals), write the card, stop the
+        sealer thread; idempotent."""
+        try:
+            sealed = self.seal()
+            self.write_card()
+        finally:
+            sealer, self._sealer = self._sealer, None
+            if sealer is not None:
+                sealer.shutdown(wait=True)
         return sealed
 
 
