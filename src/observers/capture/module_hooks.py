@@ -66,6 +66,7 @@ import pyarrow as pa
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
+from observers.export import tables
 from observers.process import layer_stats as ls
 from observers.process import step_buffer as sb
 from observers.run import COMPONENT_FACTORIES, Component, Run
@@ -168,7 +169,7 @@ class LayerStats(Component):
         self.matrix = ls.StatsMatrix(cfg.histogram_bins)
         self.layers: list[tuple[str, str]] = []  # layer index -> (name, layer_type); append-only
         self._layer_ids: dict[tuple[str, str], int] = {}
-        self._arrays: tuple[np.ndarray, np.ndarray] = (np.empty(0, dtype=object), np.empty(0, dtype=object))
+        self._arrays = (tables.StringColumn(), tables.StringColumn())
         # id(module) -> (weakref, _Module | _SKIP); a plain dict is 10x faster than a weak one
         self._modules: dict[int, tuple[weakref.ReferenceType[torch.nn.Module], Any]] = {}
         self._params: WeakIdKeyDictionary = WeakIdKeyDictionary()   # parameter -> layer index | -1
@@ -424,11 +425,12 @@ class LayerStats(Component):
             _logger.warning("observers: layer statistics %s failed (%r); training is unaffected, "
                             "the values are missing", where, exc, exc_info=True)
 
-    def _layer_arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        """The layer registry as (names, types) object arrays, rebuilt only when it grew."""
-        if self._arrays[0].shape[0] != len(self.layers):
-            self._arrays = (np.array([n for n, _ in self.layers] or [""], dtype=object)[:len(self.layers)],
-                            np.array([t for _, t in self.layers] or [""], dtype=object)[:len(self.layers)])
+    def _layer_arrays(self) -> tuple[tables.StringColumn, tables.StringColumn]:
+        """The layer registry as Arrow (names, types), rebuilt only when it grew (new objects:
+        the exporter thread may still be reading the previous ones)."""
+        if len(self._arrays[0]) != len(self.layers):
+            self._arrays = (tables.StringColumn([n for n, _ in self.layers]),
+                            tables.StringColumn([t for _, t in self.layers]))
         return self._arrays
 
     def _layer(self, name: str, type_name: str) -> int:

@@ -169,11 +169,12 @@ class Snapshot:
                 h[rows] = hist.numpy()[self.pos[rows]]
         return f, i, h
 
-    def table(self, layers: tuple[np.ndarray, np.ndarray], *, run_id: str, rank: int, step: int,
+    def table(self, layers: tuple[Any, Any], *, run_id: str, rank: int, step: int,
               epoch: int, time_ns: int) -> pa.Table:
         """The ``layers`` rows of this step (built on the exporter thread).
 
-        ``layers``: (names, layer types) as numpy object arrays, indexed by layer id.
+        ``layers``: (names, layer types) indexed by layer id, as ``tables.StringColumn``
+        (converted to Arrow once per registry entry) or numpy object arrays.
         """
         f, i, h = self._host()
         kind, alias = self.kind, self.alias
@@ -207,18 +208,17 @@ class Snapshot:
             sat_on = has & (self.sat[keep] != SAT_NONE) & (kind == ACTIVATION)
             sat = np.where(sat_on, i[:, I_SAT] / n, nan)
         mask_t = ~has
-        names = layers[0][self.layer[keep]]  # object arrays of the layer registry
-        types = layers[1][self.layer[keep]]
+        layer_ids = self.layer[keep]
         ts = np.full(len(keep), time_ns, dtype="datetime64[ns]")
         cols: dict[str, pa.Array] = {
-            "run_id": pa.array(np.full(len(keep), run_id, dtype=object), pa.string()),
+            "run_id": pa.repeat(pa.scalar(run_id, pa.string()), len(keep)),
             "rank": pa.array(np.full(len(keep), rank, dtype=np.int64)),
             "step": pa.array(np.full(len(keep), step, dtype=np.int64)),
             "epoch": pa.array(np.full(len(keep), epoch, dtype=np.int64)),
             "time": pa.array(ts, tables.TS),
-            "layer": pa.array(names, pa.string()),
-            "layer_type": pa.array(types, pa.string()),
-            "kind": pa.array(np.array(KINDS, dtype=object)[kind], pa.string()),
+            "layer": _strings(layers[0], layer_ids),
+            "layer_type": _strings(layers[1], layer_ids),
+            "kind": _KIND_STRINGS.take(kind),
             "call": pa.array(self.call[keep].astype(np.int64)),
             "mean": pa.array(mean, mask=mask_t),
             "std": pa.array(std, mask=mask_t | (numel <= 1)),
@@ -242,6 +242,15 @@ class Snapshot:
         else:
             cols["histogram"] = pa.nulls(len(keep), pa.list_(pa.float32()))
         return pa.table(cols, schema=tables.LAYERS)
+
+
+_KIND_STRINGS = tables.StringColumn(KINDS)
+
+
+def _strings(registry: Any, ids: np.ndarray) -> pa.Array:
+    if isinstance(registry, tables.StringColumn):
+        return registry.take(ids)
+    return pa.array(registry[ids], pa.string())
 
 
 class StatsMatrix:
