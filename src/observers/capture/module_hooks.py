@@ -61,7 +61,6 @@ import time
 import weakref
 from typing import Any, Callable, Sequence
 
-import numpy as np
 import pyarrow as pa
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
