@@ -364,3 +364,30 @@ def test_norm_rows_in_bulk_grow_the_matrix_and_keep_earlier_rows():
     np.testing.assert_allclose(df.l2_norm[1:6], norms.numpy(), rtol=1e-6)
     _check(df.iloc[0], _reference(first))
     _check(df.iloc[6], _reference(last))
+
+
+def test_several_steps_in_one_table_equal_their_tables_one_by_one():
+    """``layer_table`` over several snapshots: aliases resolve within their own step and
+    each step's AMP scale divides only its own gradient rows."""
+    g = torch.Generator().manual_seed(2)
+    m = ls.StatsMatrix(capacity=2)
+    parts = []
+    for step, scale in ((0, 4.0), (1, 1.0), (2, 1024.0)):
+        m.reset()
+        act = torch.randn(30, generator=g) + step
+        r = m.add(ls.ACTIVATION, 0, 0, act)
+        m.new_row(ls.ACTIVATION, 1, 0, act.device, act.numel(), alias=r)   # same tensor, 2nd module
+        grad_row = m.new_row(ls.GRAD_OUTPUT, 0, 0, act.device, act.numel())
+        m.fill(grad_row, torch.randn(30, generator=g) * scale)
+        m.add_scale(torch.tensor(scale))
+        parts.append((m.snapshot(), step, 0, 1_000 + step))
+    together = ls.layer_table(parts, LAYERS, run_id="r", rank=0).to_pandas()
+    one_by_one = pd.concat([snap.table(LAYERS, run_id="r", rank=0, step=s, epoch=e, time_ns=t).to_pandas()
+                            for snap, s, e, t in parts], ignore_index=True)
+    pd.testing.assert_frame_equal(together, one_by_one)
+    assert together.step.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    acts = together[together.kind == "activation"]
+    assert (acts.groupby("step")["mean"].nunique() == 1).all()      # alias == its source, per step
+    assert acts.groupby("step")["mean"].first().diff().dropna().abs().min() > 0.3
+    grads = together[together.kind == "grad_output"]
+    assert grads.l2_norm.max() < 10                                  # unscaled: about sqrt(30)

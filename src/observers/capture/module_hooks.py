@@ -61,7 +61,6 @@ import time
 import weakref
 from typing import Any, Callable, Sequence
 
-import pyarrow as pa
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
@@ -313,13 +312,9 @@ class LayerStats(Component):
         layers = self._layer_arrays()
         run_id, rank = run.run_id, run.rank
         for ep in dict.fromkeys(e for _, _, e, _ in pending):
-            part = [(snap, step, t) for snap, step, e, t in pending if e == ep]
-
-            def build(part: list[tuple[ls.Snapshot, int, int]] = part, ep: int = ep) -> pa.Table:
-                return pa.concat_tables([snap.table(layers, run_id=run_id, rank=rank, step=step,
-                                                    epoch=ep, time_ns=t) for snap, step, t in part])
-
-            run.emit("layers", build, epoch=ep)
+            part = [item for item in pending if item[2] == ep]
+            run.emit("layers", functools.partial(ls.layer_table, part, layers, run_id=run_id, rank=rank),
+                     epoch=ep)
 
     def on_finish(self, run: Run) -> None:
         self.on_drain(run, run.epoch)

@@ -171,77 +171,110 @@ class Snapshot:
 
     def table(self, layers: tuple[Any, Any], *, run_id: str, rank: int, step: int,
               epoch: int, time_ns: int) -> pa.Table:
-        """The ``layers`` rows of this step (built on the exporter thread).
+        """The ``layers`` rows of this step (built on the exporter thread); see :func:`layer_table`."""
+        return layer_table([(self, step, epoch, time_ns)], layers, run_id=run_id, rank=rank)
 
-        ``layers``: (names, layer types) indexed by layer id, as ``tables.StringColumn``
-        (converted to Arrow once per registry entry) or numpy object arrays.
-        """
-        f, i, h = self._host()
-        kind, alias = self.kind, self.alias
-        scale_rows = np.flatnonzero(kind == _SCALE)
+
+def layer_table(parts: Sequence[tuple[Snapshot, int, int, int]], layers: tuple[Any, Any], *,
+                run_id: str, rank: int) -> pa.Table:
+    """The ``layers`` rows of several sampled steps ``(snapshot, step, epoch, time_ns)`` as
+    one table: the columns are built once for all of them (per-call Arrow and numpy
+    overheads dominate a step's few hundred rows).
+
+    ``layers``: (names, layer types) indexed by layer id, as ``tables.StringColumn``
+    (converted to Arrow once per registry entry) or numpy object arrays.
+    """
+    if not parts:
+        return tables.LAYERS.empty_table()
+    bins = max(snap.bins for snap, _, _, _ in parts)
+    fs, is_, hs, aliases, per_row = [], [], [], [], []
+    offset = 0
+    for snap, step, epoch, time_ns in parts:
+        f, i, h = snap._host()
+        n = len(snap.kind)
+        scale_rows = np.flatnonzero(snap.kind == _SCALE)
         scale = float(f[scale_rows[-1], F_SUM]) if len(scale_rows) else 1.0
-        # aliases (the same tensor returned by several modules) take their source's values
-        has_alias = np.flatnonzero(alias >= 0)
-        filled = self.filled.copy()
-        if len(has_alias):
-            src = alias[has_alias]
-            f[has_alias], i[has_alias], filled[has_alias] = f[src], i[src], filled[src]
-            if h is not None:
-                h[has_alias] = h[src]
-        keep = np.flatnonzero(filled & (kind != _SCALE))
-        if not len(keep):
-            return tables.LAYERS.empty_table()
-        kind, f, i = kind[keep], f[keep].astype(np.float64), i[keep]
-        numel = self.numel[keep]
-        n = numel.astype(np.float64)
-        grad = kind == GRAD_OUTPUT
-        if scale != 1.0 and math.isfinite(scale) and scale > 0:
-            f[grad] /= scale
-        tensor = (kind == ACTIVATION) | grad
-        has = tensor & (numel > 0)
-        nan = np.full(len(keep), np.nan)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            mean = np.where(has, f[:, F_SUM] / n, nan)
-            var = (f[:, F_NORM] ** 2 - n * mean * mean) / (n - 1)
-            std = np.where(has & (numel > 1), np.sqrt(np.maximum(var, 0.0)), nan)
-            zero = np.where(has, (n - i[:, I_NNZ]) / n, nan)
-            sat_on = has & (self.sat[keep] != SAT_NONE) & (kind == ACTIVATION)
-            sat = np.where(sat_on, i[:, I_SAT] / n, nan)
-        mask_t = ~has
-        layer_ids = self.layer[keep]
-        ts = np.full(len(keep), time_ns, dtype="datetime64[ns]")
-        cols: dict[str, pa.Array] = {
-            "run_id": pa.repeat(pa.scalar(run_id, pa.string()), len(keep)),
-            "rank": pa.array(np.full(len(keep), rank, dtype=np.int64)),
-            "step": pa.array(np.full(len(keep), step, dtype=np.int64)),
-            "epoch": pa.array(np.full(len(keep), epoch, dtype=np.int64)),
-            "time": pa.array(ts, tables.TS),
-            "layer": _strings(layers[0], layer_ids),
-            "layer_type": _strings(layers[1], layer_ids),
-            "kind": _KIND_STRINGS.take(kind),
-            "call": pa.array(self.call[keep].astype(np.int64)),
-            "mean": pa.array(mean, mask=mask_t),
-            "std": pa.array(std, mask=mask_t | (numel <= 1)),
-            "min": pa.array(f[:, F_MIN], mask=mask_t),
-            "max": pa.array(f[:, F_MAX], mask=mask_t),
-            "l2_norm": pa.array(f[:, F_NORM], mask=(numel == 0) & tensor),
-            "nan_count": pa.array(i[:, I_NAN], mask=mask_t),
-            "inf_count": pa.array(i[:, I_INF], mask=mask_t),
-            "zero_fraction": pa.array(zero, mask=mask_t),
-            "saturation_fraction": pa.array(sat, mask=~sat_on),
-            "numel": pa.array(numel.astype(np.int64)),
-        }
+        fs.append(f)
+        is_.append(i)
+        if bins:
+            hs.append(h if h is not None and h.shape[1] == bins else np.zeros((n, bins), np.float32))
+        alias = snap.alias.copy()
+        alias[alias >= 0] += offset  # aliases point into their own step
+        aliases.append(alias)
+        per_row.append((n, step, epoch, time_ns, scale))
+        offset += n
+    cat = np.concatenate
+    f, i = cat(fs), cat(is_)
+    h = cat(hs) if bins else None
+    alias = cat(aliases)
+    kind = cat([snap.kind for snap, _, _, _ in parts])
+    counts = [n for n, *_ in per_row]
+    steps = np.repeat(np.array([r[1] for r in per_row], np.int64), counts)
+    epochs = np.repeat(np.array([r[2] for r in per_row], np.int64), counts)
+    times = np.repeat(np.array([r[3] for r in per_row], np.int64), counts)
+    scales = np.repeat(np.array([r[4] for r in per_row], np.float64), counts)
+    filled = cat([snap.filled for snap, _, _, _ in parts])
+    # aliases (the same tensor returned by several modules) take their source's values
+    has_alias = np.flatnonzero(alias >= 0)
+    if len(has_alias):
+        src = alias[has_alias]
+        f[has_alias], i[has_alias], filled[has_alias] = f[src], i[src], filled[src]
         if h is not None:
-            hk = h[keep]
-            hist_on = has & np.isfinite(f[:, F_MIN]) & np.isfinite(f[:, F_MAX])  # NaN/Inf: no bounds
-            offsets = np.zeros(len(keep) + 1, dtype=np.int32)
-            offsets[1:] = np.cumsum(np.where(hist_on, self.bins, 0))
-            values = pa.array(hk[hist_on].reshape(-1), pa.float32())
-            cols["histogram"] = pa.ListArray.from_arrays(
-                pa.array(offsets, pa.int32()), values, mask=pa.array(~hist_on))
-        else:
-            cols["histogram"] = pa.nulls(len(keep), pa.list_(pa.float32()))
-        return pa.table(cols, schema=tables.LAYERS)
+            h[has_alias] = h[src]
+    keep = np.flatnonzero(filled & (kind != _SCALE))
+    if not len(keep):
+        return tables.LAYERS.empty_table()
+    kind, f, i, scales = kind[keep], f[keep].astype(np.float64), i[keep], scales[keep]
+    numel = cat([snap.numel for snap, _, _, _ in parts])[keep]
+    n = numel.astype(np.float64)
+    grad = kind == GRAD_OUTPUT
+    unscale = grad & np.isfinite(scales) & (scales > 0) & (scales != 1.0)
+    f[unscale] /= scales[unscale, None]
+    tensor = (kind == ACTIVATION) | grad
+    has = tensor & (numel > 0)
+    nan = np.full(len(keep), np.nan)
+    sat_mode = cat([snap.sat for snap, _, _, _ in parts])[keep]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mean = np.where(has, f[:, F_SUM] / n, nan)
+        var = (f[:, F_NORM] ** 2 - n * mean * mean) / (n - 1)
+        std = np.where(has & (numel > 1), np.sqrt(np.maximum(var, 0.0)), nan)
+        zero = np.where(has, (n - i[:, I_NNZ]) / n, nan)
+        sat_on = has & (sat_mode != SAT_NONE) & (kind == ACTIVATION)
+        sat = np.where(sat_on, i[:, I_SAT] / n, nan)
+    mask_t = ~has
+    layer_ids = cat([snap.layer for snap, _, _, _ in parts])[keep]
+    cols: dict[str, pa.Array] = {
+        "run_id": pa.repeat(pa.scalar(run_id, pa.string()), len(keep)),
+        "rank": pa.array(np.full(len(keep), rank, dtype=np.int64)),
+        "step": pa.array(steps[keep]),
+        "epoch": pa.array(epochs[keep]),
+        "time": pa.array(times[keep].astype("datetime64[ns]"), tables.TS),
+        "layer": _strings(layers[0], layer_ids),
+        "layer_type": _strings(layers[1], layer_ids),
+        "kind": _KIND_STRINGS.take(kind),
+        "call": pa.array(cat([snap.call for snap, _, _, _ in parts])[keep].astype(np.int64)),
+        "mean": pa.array(mean, mask=mask_t),
+        "std": pa.array(std, mask=mask_t | (numel <= 1)),
+        "min": pa.array(f[:, F_MIN], mask=mask_t),
+        "max": pa.array(f[:, F_MAX], mask=mask_t),
+        "l2_norm": pa.array(f[:, F_NORM], mask=(numel == 0) & tensor),
+        "nan_count": pa.array(i[:, I_NAN], mask=mask_t),
+        "inf_count": pa.array(i[:, I_INF], mask=mask_t),
+        "zero_fraction": pa.array(zero, mask=mask_t),
+        "saturation_fraction": pa.array(sat, mask=~sat_on),
+        "numel": pa.array(numel.astype(np.int64)),
+    }
+    if h is not None:
+        hk = h[keep]
+        hist_on = has & np.isfinite(f[:, F_MIN]) & np.isfinite(f[:, F_MAX])  # NaN/Inf: no bounds
+        offsets = np.zeros(len(keep) + 1, dtype=np.int32)
+        offsets[1:] = np.cumsum(np.where(hist_on, bins, 0))
+        values = pa.array(hk[hist_on].reshape(-1), pa.float32())
+        cols["histogram"] = pa.ListArray.from_arrays(
+            pa.array(offsets, pa.int32()), values, mask=pa.array(~hist_on))
+    else:
+        cols["histogram"] = pa.nulls(len(keep), pa.list_(pa.float32()))
+    return pa.table(cols, schema=tables.LAYERS)
 
 
 _KIND_STRINGS = tables.StringColumn(KINDS)
