@@ -109,8 +109,14 @@ def test_zero_code_nan_at_a_known_layer_and_step_stops_training_cleanly(tmp_path
     assert '"ml.layer.name": "blocks.bad"' in proc.stdout
     spans = load(dataset, "spans").set_index("span_id")
     alert_spans = spans[spans.name == "ml.alert"]
-    steps = {json.loads(spans.loc[parent, "attributes"])["ml.step"] for parent in alert_spans.parent_span_id}
-    assert steps == {20} and (spans.loc[alert_spans.parent_span_id, "name"] == "ml.train.step").all()
+    assert (spans.loc[alert_spans.parent_span_id, "name"] == "ml.train.step").all()
+    # each alert sits under its own step's span: step 20, except that a busy machine may let
+    # a later sampled step's nonfinite_weight alert in before the stop lands
+    for _, span in alert_spans.iterrows():
+        attrs = json.loads(span.attributes)
+        parent_step = json.loads(spans.loc[span.parent_span_id, "attributes"])["ml.step"]
+        assert parent_step == attrs["ml.step"]
+        assert parent_step == 20 or (attrs["ml.alert.rule"] == "nonfinite_weight" and 20 < parent_step < 40)
     events = [e for raw in alert_spans.events for e in json.loads(raw)]
     assert {(e["attributes"]["ml.alert.rule"], e["attributes"]["ml.step"]) for e in events
             if e["name"] == "ml.alert"} >= {("nonfinite_activation", 20), ("nonfinite_loss", 20)}

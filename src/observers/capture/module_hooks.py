@@ -28,7 +28,8 @@ device, and the exporter thread turns it into ``layers`` rows.
 Layer names are ``named_modules()`` / ``named_parameters()`` names of the model (the first
 module called with gradients enabled; DDP's ``module.`` and ``torch.compile``'s
 ``_orig_mod.`` prefixes are not part of them), the model itself being its class name;
-modules outside the model are ``<ClassName>@<hex id>``. A module with several
+modules outside the model are ``<ClassName>@<hex id>`` (``.<n>`` appended when Python
+reuses the id of a module that is gone). A module with several
 floating-point outputs (tuples, dicts, dataclasses, ``ModelOutput``) gets one row per
 output: the first keeps the module's name, the others append their path
 (``lstm[1][0]``). ``call`` counts the calls of a module within the step (shared layers,
@@ -193,6 +194,7 @@ class LayerStats(Component):
         self._logged: set[str] = set()
         self._warned_nothing = False
         self._unnamed = 0
+        self._unnamed_names: set[str] = set()
         self._closed: tuple[int, int] | None = None  # (step, epoch) of the last sampled step closed
         self._late = ls.StatsMatrix(capacity=16)
         self._late_open = False
@@ -486,6 +488,9 @@ class LayerStats(Component):
             if name is None:
                 self._unnamed += 1
                 name = f"{type(module).__name__}@{id(module):x}"
+                if name in self._unnamed_names:  # Python reused the id of a module that is gone
+                    name = f"{name}.{self._unnamed}"
+                self._unnamed_names.add(name)
             if name is not None and self._unnamed > MAX_UNNAMED and id(module) not in self._names:
                 # modules created anew every step (DataParallel replicas): bounded registry
                 info = _SKIP
