@@ -208,7 +208,10 @@ class Run:
         self.started = True
         # pyarrow imports pandas (when installed) on its first conversion: about 1 s of
         # GIL-holding imports, done here rather than on the exporter thread mid-training
-        pa.array([0])
+        try:
+            pa.array([0])
+        except Exception:  # noqa: BLE001 - a broken pandas install: pyarrow works without it
+            pass
         cfg = self.config
         self.rank, self.local_rank, self.world_size = _dist_info()
         self.distributed = bool(cfg.distributed) if cfg.distributed is not None else self.world_size > 1

@@ -249,9 +249,9 @@ class AlertComponent(Component):
     def on_start(self, run: Run) -> None:
         self.monitor = AlertMonitor(run, self.settings, self.callback)
         run.pipeline.sinks.append(self.monitor)
-        self.monitor.coordinator = coordinator_for(run, self.settings)
         # a stop/raise action should act within a few steps: hand over every sampled step
         run.drain_every_sampled_step = wants_coordination(self.settings)
+        self.monitor.coordinator = coordinator_for(run, self.settings)
 
     def on_step_start(self, run: Run, step: int, sampled: bool) -> None:
         coordinator = self.monitor.coordinator if self.monitor is not None else None

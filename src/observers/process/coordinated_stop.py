@@ -201,12 +201,17 @@ def coordinator_for(run: "Run", settings: AlertSettings) -> StopCoordinator | No
         return None
     from observers.capture.distributed import shared_store
 
-    shared = shared_store(run, STORE_TIMEOUT_S)
-    if shared is None:
+    try:
+        shared = shared_store(run, STORE_TIMEOUT_S)
+        finish = shared_store(run, 2.0) if shared is not None else None
+    except Exception as exc:  # noqa: BLE001 - a store that cannot be reached: the rank stops alone
+        _logger.warning("observers: cannot reach the ranks' store (%r)", exc)
+        shared = finish = None
+    if shared is None or finish is None:
         _logger.warning("observers: the ranks share no store, so a stop/raise alert action ends only "
                         "the rank that raised it; the others may hang in their next collective")
         return None
     client, namespace = shared
-    coordinator = StopCoordinator(run, client, namespace, finish_client=shared_store(run, 2.0)[0])  # type: ignore[index]
+    coordinator = StopCoordinator(run, client, namespace, finish_client=finish[0])
     coordinator.start()
     return coordinator
