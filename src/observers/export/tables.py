@@ -27,18 +27,11 @@ class StringColumn:
     """
 
     def __init__(self, registry: Sequence[str] = ()) -> None:
-        self._values = pa.array([], pa.string())
-        self.sync(registry)
+        # immutable: a grown registry gets a new column (the exporter thread may be reading this one)
+        self._values = pa.array(list(registry), pa.string())
 
     def __len__(self) -> int:
         return len(self._values)
-
-    def sync(self, registry: Sequence[str]) -> None:
-        """Convert the entries ``registry`` gained since the last call (entries never change)."""
-        n = len(self._values)
-        if len(registry) > n:
-            tail = pa.array(list(registry[n:]), pa.string())
-            self._values = pa.concat_arrays([self._values, tail]) if n else tail
 
     def take(self, index: np.ndarray) -> pa.Array:
         """The strings at ``index`` (integer ids into the registry), as one ``pa.string()`` array."""
